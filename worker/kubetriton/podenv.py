@@ -26,6 +26,12 @@ RUNTIME_SUBDIR = "runtime"
 """Below the workspace: what `kubetriton bootstrap` installs for the proxy (pyzmq, kubetriton)."""
 MODELS_SUBDIR = "models"
 SOCKETS_SUBDIR = "sockets"
+REPOSITORY_TOKEN_FILE = "repository-token"
+"""Below the workspace: the value that Triton's model-repository API demands in its header.
+
+Written by `kubetriton bootstrap` (pod) or the launcher (local mode); only processes that can read
+the workspace can load or unload models, so the management API stays private to the pod.
+"""
 
 RUN_AS_UID = 1000
 """Both containers run as this non-root UID so that each can use the other's files."""
@@ -36,8 +42,6 @@ ENV_WORKSPACE = "KUBETRITON_WORKSPACE"
 ENV_TRITON_HOST = "KUBETRITON_TRITON_HOST"
 ENV_MODELS = "KUBETRITON_MODELS"
 """Comma-separated model names the worker must bind before it reports ready."""
-ENV_REPOSITORY_TOKEN = "KUBETRITON_REPOSITORY_TOKEN"
-"""Guards Triton's model-repository API: only holders of this value may load or unload models."""
 ENV_DRAIN_SECONDS = "KUBETRITON_DRAIN_SECONDS"
 ENV_ARENA_BYTES = "KUBETRITON_ARENA_BYTES"
 ENV_HEALTH_PORT = "KUBETRITON_HEALTH_PORT"
@@ -54,7 +58,6 @@ class AttachSettings:
     workspace: str
     triton_host: str
     models: tuple[str, ...]
-    repository_token: str
     drain_seconds: float
     health_port: int
 
@@ -68,7 +71,40 @@ class AttachSettings:
             workspace=env.get(ENV_WORKSPACE, WORKSPACE_MOUNT),
             triton_host=env.get(ENV_TRITON_HOST, "127.0.0.1"),
             models=tuple(name for name in env.get(ENV_MODELS, "").split(",") if name),
-            repository_token=env.get(ENV_REPOSITORY_TOKEN, ""),
             drain_seconds=float(env.get(ENV_DRAIN_SECONDS, DEFAULT_DRAIN_SECONDS)),
             health_port=int(env.get(ENV_HEALTH_PORT, HEALTH_PORT)),
         )
+
+
+def tritonserver_args(
+    *,
+    model_repository: str,
+    repository_token: str,
+    exit_timeout_s: float = DEFAULT_DRAIN_SECONDS,
+    http_port: int = HTTP_PORT,
+    grpc_port: int = GRPC_PORT,
+    metrics_port: int = METRICS_PORT,
+    log_verbose: int = 0,
+) -> list[str]:
+    """The tritonserver arguments, identical for the local launcher and the pod's sidecar.
+
+    Models are loaded explicitly by the worker, readiness is strict, every request header is
+    forwarded to the callable as a parameter, and the model-repository API demands the token.
+    """
+    restricted = f"model-repository:{REPOSITORY_TOKEN_HEADER}={repository_token}"
+    return [
+        f"--model-repository={model_repository}",
+        "--model-control-mode=explicit",
+        "--strict-readiness=true",
+        "--disable-auto-complete-config",
+        f"--exit-timeout-secs={max(1, round(exit_timeout_s))}",
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        "--allow-metrics=true",
+        f"--metrics-port={metrics_port}",
+        "--http-header-forward-pattern=.*",
+        "--grpc-header-forward-pattern=.*",
+        f"--http-restricted-api={restricted}",
+        f"--grpc-restricted-protocol={restricted}",
+        f"--log-verbose={log_verbose}",
+    ]
