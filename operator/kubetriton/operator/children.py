@@ -1,0 +1,183 @@
+"""The desired child objects of a model: one pure builder per kind, and the set the model needs.
+
+Builders take the validated model and return plain dicts. The reconciler applies what `desired`
+returns and deletes the kinds listed by `unwanted`; `kubetriton render` prints the same list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kubetriton.operator import naming
+from kubetriton.operator.pod import pod_template
+from kubetriton.operator.spec import PyTritonModel
+
+DEFAULT_TARGET_CPU_UTILIZATION = 80
+
+
+@dataclass(frozen=True)
+class ChildKind:
+    """A kind of child object and where it lives in the API."""
+
+    api_version: str
+    kind: str
+    plural: str
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.api_version.rpartition("/")[2]
+
+
+DEPLOYMENT = ChildKind("apps/v1", "Deployment", "deployments")
+SERVICE = ChildKind("v1", "Service", "services")
+POD_DISRUPTION_BUDGET = ChildKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
+HORIZONTAL_POD_AUTOSCALER = ChildKind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers")
+SERVICE_MONITOR = ChildKind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors")
+CHILD_KINDS = (DEPLOYMENT, SERVICE, POD_DISRUPTION_BUDGET, HORIZONTAL_POD_AUTOSCALER, SERVICE_MONITOR)
+SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+
+
+def kind_of(obj: dict[str, Any]) -> ChildKind:
+    """The child kind of a built object."""
+    (kind,) = (
+        kind for kind in CHILD_KINDS if (kind.api_version, kind.kind) == (obj["apiVersion"], obj["kind"])
+    )
+    return kind
+
+
+def _object(kind: ChildKind, model: PyTritonModel, spec: dict[str, Any]) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": model.metadata.name, "labels": naming.labels(model.metadata.name)}
+    if model.metadata.namespace:
+        metadata["namespace"] = model.metadata.namespace
+    return {"apiVersion": kind.api_version, "kind": kind.kind, "metadata": metadata, "spec": spec}
+
+
+def build_deployment(model: PyTritonModel) -> dict[str, Any]:
+    """The Deployment: rolling updates that never drop below the wanted number of ready pods."""
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": naming.selector_labels(model.metadata.name)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        "template": pod_template(model),
+    }
+    if model.spec.fixed_replicas is not None:
+        spec["replicas"] = model.spec.fixed_replicas
+    return _object(DEPLOYMENT, model, spec)
+
+
+def build_service(model: PyTritonModel) -> dict[str, Any]:
+    """The Service clients use: Triton's HTTP, gRPC and metrics ports."""
+    ports = model.spec.service.ports
+    return _object(
+        SERVICE,
+        model,
+        {
+            "type": model.spec.service.type,
+            "selector": naming.selector_labels(model.metadata.name),
+            "ports": [
+                {"name": "http", "port": ports.http, "targetPort": "http", "protocol": "TCP"},
+                {
+                    "name": "grpc",
+                    "port": ports.grpc,
+                    "targetPort": "grpc",
+                    "protocol": "TCP",
+                    "appProtocol": "grpc",
+                },
+                {"name": "metrics", "port": ports.metrics, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    )
+
+
+def build_pod_disruption_budget(model: PyTritonModel) -> dict[str, Any]:
+    """Voluntary evictions take one pod at a time."""
+    return _object(
+        POD_DISRUPTION_BUDGET,
+        model,
+        {"maxUnavailable": 1, "selector": {"matchLabels": naming.selector_labels(model.metadata.name)}},
+    )
+
+
+def build_horizontal_pod_autoscaler(model: PyTritonModel) -> dict[str, Any]:
+    """The autoscaler of the Deployment; CPU utilisation when no metrics are given."""
+    autoscaling = model.spec.autoscaling
+    assert autoscaling is not None, "only models with autoscaling have an autoscaler"
+    metrics = autoscaling.metrics or [
+        {
+            "type": "Resource",
+            "resource": {
+                "name": "cpu",
+                "target": {
+                    "type": "Utilization",
+                    "averageUtilization": autoscaling.target_cpu_utilization
+                    or DEFAULT_TARGET_CPU_UTILIZATION,
+                },
+            },
+        }
+    ]
+    return _object(
+        HORIZONTAL_POD_AUTOSCALER,
+        model,
+        {
+            "scaleTargetRef": {
+                "apiVersion": DEPLOYMENT.api_version,
+                "kind": DEPLOYMENT.kind,
+                "name": model.metadata.name,
+            },
+            "minReplicas": autoscaling.min_replicas,
+            "maxReplicas": autoscaling.max_replicas,
+            "metrics": metrics,
+        },
+    )
+
+
+def build_service_monitor(model: PyTritonModel) -> dict[str, Any]:
+    """Prometheus Operator scraping of Triton's metrics port."""
+    return _object(
+        SERVICE_MONITOR,
+        model,
+        {
+            "selector": {"matchLabels": naming.selector_labels(model.metadata.name)},
+            "endpoints": [{"port": "metrics", "path": "/metrics"}],
+        },
+    )
+
+
+def wanted_kinds(model: PyTritonModel, *, service_monitor: bool) -> list[ChildKind]:
+    """The kinds of children the model needs, in the order they are applied."""
+    kinds = [DEPLOYMENT, SERVICE]
+    if model.spec.min_replicas > 1:
+        kinds.append(POD_DISRUPTION_BUDGET)
+    if model.spec.autoscaling is not None:
+        kinds.append(HORIZONTAL_POD_AUTOSCALER)
+    if service_monitor:
+        kinds.append(SERVICE_MONITOR)
+    return kinds
+
+
+_BUILDERS = {
+    DEPLOYMENT: build_deployment,
+    SERVICE: build_service,
+    POD_DISRUPTION_BUDGET: build_pod_disruption_budget,
+    HORIZONTAL_POD_AUTOSCALER: build_horizontal_pod_autoscaler,
+    SERVICE_MONITOR: build_service_monitor,
+}
+
+
+def desired(model: PyTritonModel, *, service_monitor: bool) -> list[dict[str, Any]]:
+    """Every child object the model needs."""
+    return [_BUILDERS[kind](model) for kind in wanted_kinds(model, service_monitor=service_monitor)]
+
+
+def unwanted(model: PyTritonModel, *, service_monitor_available: bool) -> list[ChildKind]:
+    """Kinds that a previous spec may have created and this one no longer needs.
+
+    A ServiceMonitor is only considered where its API exists: elsewhere there is nothing to delete.
+    """
+    wanted = wanted_kinds(model, service_monitor=service_monitor_available)
+    candidates = [kind for kind in CHILD_KINDS if kind is not SERVICE_MONITOR or service_monitor_available]
+    return [kind for kind in candidates if kind not in wanted]

@@ -1,0 +1,182 @@
+"""The few Kubernetes API calls the reconciler makes itself, over kopf's own credentials.
+
+kopf watches and patches the PyTritonModel objects; children are written here. Children are
+applied with server-side apply under one field manager, so one request creates or updates a child,
+fields the model no longer sets are removed, and fields other controllers own (an autoscaler's
+replica count) are left alone. kopf's login handlers supply the connection; nothing here knows
+whether it came from a service account or a kubeconfig.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import kopf
+
+FIELD_MANAGER = "kubetriton-operator"
+REQUEST_TIMEOUT_SECONDS = 30
+
+
+class KubeError(Exception):
+    """A Kubernetes API call that failed, with the API server's own message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def resource_path(
+    api_version: str,
+    plural: str,
+    namespace: str | None,
+    name: str | None = None,
+    subresource: str | None = None,
+) -> str:
+    """The URL path of a collection, an object or an object's subresource."""
+    group, _, version = api_version.rpartition("/")
+    parts = [f"/apis/{group}/{version}" if group else f"/api/{version}"]
+    if namespace:
+        parts.append(f"namespaces/{namespace}")
+    parts.append(plural)
+    if name:
+        parts.append(name)
+    if subresource:
+        parts.append(subresource)
+    return "/".join(parts)
+
+
+def _as_bytes(data: str | bytes) -> bytes:
+    return data.encode() if isinstance(data, str) else data
+
+
+def _pem(data: str | bytes) -> str:
+    """kopf keeps kubeconfig data either base64-encoded or as PEM text; ssl wants PEM text."""
+    raw = _as_bytes(data)
+    return (raw if raw.lstrip().startswith(b"-----") else base64.b64decode(raw)).decode()
+
+
+def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
+    if info.insecure:
+        return False
+    context = ssl.create_default_context(
+        cafile=str(info.ca_path) if info.ca_path else None,
+        cadata=_pem(info.ca_data) if info.ca_data else None,
+    )
+    certificate, key = info.certificate_path, info.private_key_path
+    with tempfile.NamedTemporaryFile("w") as cert_file, tempfile.NamedTemporaryFile("w") as key_file:
+        if info.certificate_data:
+            cert_file.write(_pem(info.certificate_data))
+            cert_file.flush()
+            certificate = cert_file.name
+        if info.private_key_data:
+            key_file.write(_pem(info.private_key_data))
+            key_file.flush()
+            key = key_file.name
+        if certificate:
+            context.load_cert_chain(str(certificate), str(key) if key else None)
+    return context
+
+
+class KubeApi:
+    """An aiohttp session to the API server, reconnected whenever kopf logs in again."""
+
+    def __init__(self) -> None:
+        self._info: kopf.ConnectionInfo | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def connect(self, info: kopf.ConnectionInfo) -> None:
+        """Use these credentials from now on."""
+        await self.close()
+        self._info = info
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._info is None:
+            raise KubeError(401, "the operator has not logged in to the API server yet")
+        if self._session is None:
+            info = self._info
+            headers = {"User-Agent": FIELD_MANAGER}
+            if info.token:
+                headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
+            auth = aiohttp.BasicAuth(info.username, info.password or "") if info.username else None
+            self._session = aiohttp.ClientSession(
+                base_url=info.server.rstrip("/"),
+                headers=headers,
+                auth=auth,
+                connector=aiohttp.TCPConnector(ssl=_ssl_context(info)),
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
+            )
+        return self._session
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str = "application/json",
+        params: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        session = self._open()
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if data is not None else {}
+        async with session.request(method, path, data=data, headers=headers, params=params) as response:
+            text = await response.text()
+            if response.status >= 400:
+                try:
+                    message = json.loads(text).get("message", text)
+                except ValueError:
+                    message = text
+                raise KubeError(response.status, message)
+            return json.loads(text) if text else {}
+
+    async def apply(self, obj: Mapping[str, Any], plural: str) -> dict[str, Any]:
+        """Create or update an object by server-side apply."""
+        metadata = obj["metadata"]
+        path = resource_path(obj["apiVersion"], plural, metadata.get("namespace"), metadata["name"])
+        return await self._request(
+            "PATCH",
+            path,
+            body=obj,
+            content_type="application/apply-patch+yaml",
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+        )
+
+    async def delete(self, api_version: str, plural: str, namespace: str, name: str) -> bool:
+        """Delete an object; False when it was not there."""
+        try:
+            await self._request("DELETE", resource_path(api_version, plural, namespace, name))
+        except KubeError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    async def exists(self, api_version: str, plural: str, namespace: str | None, name: str) -> bool:
+        try:
+            await self._request("GET", resource_path(api_version, plural, namespace, name))
+        except KubeError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    async def patch_status(
+        self, api_version: str, plural: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> None:
+        """Merge-patch the status subresource."""
+        path = resource_path(api_version, plural, namespace, name, "status")
+        await self._request(
+            "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
+        )

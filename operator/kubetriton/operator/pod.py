@@ -1,0 +1,191 @@
+"""The pod template of a model: bootstrap step, Triton native sidecar and the user's worker.
+
+This is the pod contract of DESIGN.md ("Pod shape") written as a pure function. Every name, path and
+port comes from `kubetriton.podenv`, which the worker and the sidecar read on their side.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from kubetriton import podenv
+from kubetriton.operator import naming
+from kubetriton.operator.spec import PyTritonModel, PyTritonModelSpec
+
+BOOTSTRAP_CONTAINER = "bootstrap"
+TRITON_CONTAINER = "triton"
+WORKER_CONTAINER = "worker"
+WORKSPACE_VOLUME = "workspace"
+SHM_VOLUME = "dshm"
+
+PRESTOP_SECONDS = 5
+"""How long a stopping pod keeps serving so that the endpoints controller can take it out of the Service."""
+SHUTDOWN_SLACK_SECONDS = 10
+"""Grace beyond preStop and drain, for Triton's own exit after the worker has gone."""
+
+_TOKEN_PLACEHOLDER = "\x00repository-token\x00"
+_TOKEN_VARIABLE = "token"
+
+
+def _restricted_security_context() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def _workspace_mount() -> dict[str, str]:
+    return {"name": WORKSPACE_VOLUME, "mountPath": podenv.WORKSPACE_MOUNT}
+
+
+def _shm_mount() -> dict[str, str]:
+    return {"name": SHM_VOLUME, "mountPath": podenv.SHM_MOUNT}
+
+
+def _quote_with_token(argument: str) -> str:
+    """Shell-quote one argument, with the token placeholder turned into the shell variable."""
+    parts = argument.split(_TOKEN_PLACEHOLDER)
+    return f'"${_TOKEN_VARIABLE}"'.join(shlex.quote(part) if part else "" for part in parts)
+
+
+def triton_command(spec: PyTritonModelSpec) -> list[str]:
+    """`/bin/sh -c` that reads the repository token from the workspace, then execs tritonserver."""
+    workspace = podenv.WORKSPACE_MOUNT
+    arguments = podenv.tritonserver_args(
+        model_repository=f"{workspace}/{podenv.MODELS_SUBDIR}",
+        repository_token=_TOKEN_PLACEHOLDER,
+        exit_timeout_s=spec.drain_seconds,
+    )
+    token_file = shlex.quote(f"{workspace}/{podenv.REPOSITORY_TOKEN_FILE}")
+    line = " ".join(_quote_with_token(argument) for argument in [*arguments, *spec.triton.args])
+    return ["/bin/sh", "-c", f'{_TOKEN_VARIABLE}="$(cat {token_file})" && exec tritonserver {line}']
+
+
+def _bootstrap_container(spec: PyTritonModelSpec) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": BOOTSTRAP_CONTAINER,
+        "image": spec.worker.image,
+        "command": ["kubetriton", "bootstrap"],
+        "env": [{"name": podenv.ENV_WORKSPACE, "value": podenv.WORKSPACE_MOUNT}],
+        "volumeMounts": [_workspace_mount()],
+        "securityContext": _restricted_security_context(),
+    }
+    if spec.worker.image_pull_policy:
+        container["imagePullPolicy"] = spec.worker.image_pull_policy
+    return container
+
+
+def _http_probe(path: str, port: int, *, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 2,
+    }
+
+
+def _triton_container(spec: PyTritonModelSpec) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": TRITON_CONTAINER,
+        "image": spec.triton.image,
+        "restartPolicy": "Always",
+        "command": triton_command(spec),
+        "env": [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+            {"name": "PYTHONPATH", "value": f"{podenv.WORKSPACE_MOUNT}/{podenv.RUNTIME_SUBDIR}"},
+        ],
+        "ports": [
+            {"name": "http", "containerPort": podenv.HTTP_PORT},
+            {"name": "grpc", "containerPort": podenv.GRPC_PORT},
+            {"name": "metrics", "containerPort": podenv.METRICS_PORT},
+        ],
+        "startupProbe": _http_probe("/v2/health/live", podenv.HTTP_PORT, period=2, failures=150),
+        "livenessProbe": _http_probe("/v2/health/live", podenv.HTTP_PORT, period=10, failures=3),
+        "volumeMounts": [_workspace_mount(), _shm_mount()],
+        "securityContext": _restricted_security_context(),
+    }
+    if spec.triton.resources:
+        container["resources"] = spec.triton.resources
+    return container
+
+
+def worker_environment(spec: PyTritonModelSpec) -> list[dict[str, str]]:
+    """The contract's variables; they come after the user's so that a stray override cannot win."""
+    contract = {
+        podenv.ENV_MODE: "attach",
+        podenv.ENV_WORKSPACE: podenv.WORKSPACE_MOUNT,
+        podenv.ENV_TRITON_HOST: "127.0.0.1",
+        podenv.ENV_MODELS: ",".join(spec.models),
+        podenv.ENV_DRAIN_SECONDS: str(spec.drain_seconds),
+        podenv.ENV_HEALTH_PORT: str(podenv.HEALTH_PORT),
+    }
+    return [*spec.worker.env, *({"name": name, "value": value} for name, value in contract.items())]
+
+
+def worker_resources(spec: PyTritonModelSpec) -> dict[str, Any]:
+    """The user's resources with the GPU limit added (extended resources need only a limit)."""
+    resources = {key: dict(value) for key, value in spec.worker.resources.items()}
+    if spec.gpus.count:
+        resources.setdefault("limits", {})[spec.gpus.resource_name] = spec.gpus.count
+    return resources
+
+
+def _worker_container(spec: PyTritonModelSpec) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": WORKER_CONTAINER,
+        "image": spec.worker.image,
+        "env": worker_environment(spec),
+        "ports": [{"name": "health", "containerPort": podenv.HEALTH_PORT}],
+        "readinessProbe": _http_probe("/readyz", podenv.HEALTH_PORT, period=5, failures=2),
+        "livenessProbe": _http_probe("/livez", podenv.HEALTH_PORT, period=10, failures=3),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [_workspace_mount(), _shm_mount()],
+        "securityContext": _restricted_security_context(),
+    }
+    if spec.worker.command:
+        container["command"] = spec.worker.command
+    if spec.worker.args:
+        container["args"] = spec.worker.args
+    if spec.worker.image_pull_policy:
+        container["imagePullPolicy"] = spec.worker.image_pull_policy
+    resources = worker_resources(spec)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def termination_grace_seconds(spec: PyTritonModelSpec) -> int:
+    """Enough for the preStop pause, the drain and Triton's exit after it."""
+    return PRESTOP_SECONDS + spec.drain_seconds + SHUTDOWN_SLACK_SECONDS
+
+
+def pod_template(model: PyTritonModel) -> dict[str, Any]:
+    """The Deployment's pod template for a model."""
+    spec = model.spec
+    pod_spec: dict[str, Any] = {
+        "initContainers": [_bootstrap_container(spec), _triton_container(spec)],
+        "containers": [_worker_container(spec)],
+        "volumes": [
+            {"name": WORKSPACE_VOLUME, "emptyDir": {}},
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shared_memory_limit}},
+        ],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": podenv.RUN_AS_UID,
+            "runAsGroup": podenv.RUN_AS_UID,
+            "fsGroup": podenv.RUN_AS_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
+        "enableServiceLinks": False,
+    }
+    scheduling = spec.scheduling
+    optional = {
+        "serviceAccountName": spec.service_account_name,
+        "nodeSelector": scheduling.node_selector,
+        "tolerations": scheduling.tolerations,
+        "affinity": scheduling.affinity,
+        "topologySpreadConstraints": scheduling.topology_spread_constraints,
+        "priorityClassName": scheduling.priority_class_name,
+    }
+    pod_spec.update({key: value for key, value in optional.items() if value})
+    return {"metadata": {"labels": naming.labels(model.metadata.name)}, "spec": pod_spec}

@@ -1,0 +1,287 @@
+"""The PyTritonModel resource as pydantic models: the single source of truth for its shape.
+
+The CRD's OpenAPI schema is generated from these classes (`crd`), `kubetriton render` validates a
+model.yaml with them, and the reconciler parses every object it handles through them. The rules that
+the API server enforces with CEL are declared here beside the fields they guard, and mirrored by
+pydantic validators so that `render` rejects the same specs that the cluster rejects.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from kubetriton import podenv
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "kubetriton.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "PyTritonModel"
+PLURAL = "pytritonmodels"
+SINGULAR = "pytritonmodel"
+SHORT_NAME = "ptm"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE_PATTERN = r"^nvidia\.com/(gpu|mig-[1-7]g\.[0-9]+gb)$"
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?$"
+MODEL_NAME_MAX_LENGTH = 63
+OBJECT_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+OBJECT_NAME_MAX_LENGTH = 63
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+
+SHM_HEADROOM_BYTES = 64 * 1024 * 1024
+"""Room in /dev/shm beyond the worker's arenas, for the Python backend's own shared memory."""
+
+
+def _cel(rule: str, message: str) -> dict[str, str]:
+    return {"rule": rule, "message": message}
+
+
+REPLICAS_XOR_AUTOSCALING = _cel(
+    "!(has(self.replicas) && has(self.autoscaling))",
+    "set either replicas or autoscaling, not both",
+)
+MAX_AT_LEAST_MIN = _cel(
+    "self.maxReplicas >= self.minReplicas",
+    "autoscaling.maxReplicas must be greater than or equal to autoscaling.minReplicas",
+)
+GPU_RESOURCE_NAME = _cel(
+    f"self.resourceName.matches('{GPU_RESOURCE_PATTERN}')",
+    "gpus.resourceName must be nvidia.com/gpu or a MIG resource such as nvidia.com/mig-1g.10gb",
+)
+DNS_SAFE_MODEL_NAMES = _cel(
+    f"self.all(m, m.matches('{MODEL_NAME_PATTERN}'))",
+    "each model name must be 1-63 letters, digits or '-', starting and ending with a letter or digit",
+)
+
+SERVICE_SAFE_NAME = _cel(
+    f"size(self.metadata.name) <= {OBJECT_NAME_MAX_LENGTH}"
+    f" && self.metadata.name.matches('{OBJECT_NAME_PATTERN}')",
+    "metadata.name must be at most 63 lowercase letters, digits or '-', starting with a letter:"
+    " it names the model's Service",
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+    )
+
+
+PassThrough = dict[str, Any]
+"""A Kubernetes structure (affinity, a toleration, an env var) kept as is and validated by the API server."""
+
+
+class WorkerSpec(_Model):
+    """The user's container: it imports pytriton, binds the callables and attaches to the sidecar."""
+
+    image: Annotated[str, Field(min_length=1)]
+    """Worker image: the user's script and model code on top of the kubetriton worker base image."""
+    command: list[str] = []
+    args: list[str] = []
+    env: list[PassThrough] = []
+    """Extra environment variables (core/v1 EnvVar)."""
+    resources: PassThrough = {}
+    """core/v1 ResourceRequirements; GPU limits are added from `gpus`."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+
+
+class TritonSpec(_Model):
+    """The stock Triton sidecar."""
+
+    image: str = podenv.TRITON_IMAGE
+    """Stock Triton image; the default matches the Triton version used in local mode."""
+    args: list[str] = []
+    """Extra tritonserver arguments, appended after the ones kubetriton sets."""
+    resources: PassThrough = {}
+
+
+class GpuSpec(_Model):
+    """GPUs per replica, requested on the worker container."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [GPU_RESOURCE_NAME]})
+
+    count: Annotated[int, Field(ge=0, le=64)] = 0
+    resource_name: Annotated[str, Field(max_length=253)] = GPU_RESOURCE
+    """`nvidia.com/gpu`, or a MIG resource such as `nvidia.com/mig-1g.10gb`."""
+
+    @field_validator("resource_name")
+    @classmethod
+    def _known_gpu_resource(cls, value: str) -> str:
+        if not re.match(GPU_RESOURCE_PATTERN, value):
+            raise ValueError(GPU_RESOURCE_NAME["message"])
+        return value
+
+
+class AutoscalingSpec(_Model):
+    """A HorizontalPodAutoscaler on the model's Deployment."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [MAX_AT_LEAST_MIN]})
+
+    min_replicas: Annotated[int, Field(ge=1)] = 1
+    max_replicas: Annotated[int, Field(ge=1)]
+    target_cpu_utilization: Annotated[int | None, Field(ge=1, le=100, alias="targetCPUUtilization")] = None
+    """Average CPU utilisation (percent of requests) to aim for; 80 when no metrics are given."""
+    metrics: list[PassThrough] = []
+    """autoscaling/v2 MetricSpec entries, used as they are."""
+
+    @model_validator(mode="after")
+    def _max_at_least_min(self) -> AutoscalingSpec:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(MAX_AT_LEAST_MIN["message"])
+        return self
+
+
+class SchedulingSpec(_Model):
+    """Where the pods may run, passed to the pod spec as is."""
+
+    node_selector: dict[str, str] = {}
+    tolerations: list[PassThrough] = []
+    affinity: PassThrough = {}
+    topology_spread_constraints: list[PassThrough] = []
+    priority_class_name: str | None = None
+
+
+class ServicePorts(_Model):
+    """Ports that the Service exposes; they route to Triton's fixed ports in the pod."""
+
+    http: Annotated[int, Field(ge=1, le=65535)] = podenv.HTTP_PORT
+    grpc: Annotated[int, Field(ge=1, le=65535)] = podenv.GRPC_PORT
+    metrics: Annotated[int, Field(ge=1, le=65535)] = podenv.METRICS_PORT
+
+
+class ServiceSpec(_Model):
+    """The Service in front of the model's pods."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    ports: Annotated[ServicePorts, Field(default_factory=ServicePorts, json_schema_extra={"default": {}})]
+
+
+def _model_name(value: str) -> str:
+    if not re.match(MODEL_NAME_PATTERN, value):
+        raise ValueError(f"{value!r}: {DNS_SAFE_MODEL_NAMES['message']}")
+    return value
+
+
+class PyTritonModelSpec(_Model):
+    """What to serve and how: the worker, its Triton sidecar, replicas and placement."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [REPLICAS_XOR_AUTOSCALING]})
+
+    worker: WorkerSpec
+    triton: Annotated[TritonSpec, Field(default_factory=TritonSpec, json_schema_extra={"default": {}})]
+    models: Annotated[
+        list[Annotated[str, Field(max_length=MODEL_NAME_MAX_LENGTH)]],
+        Field(
+            min_length=1,
+            max_length=64,
+            json_schema_extra={"x-kubernetes-validations": [DNS_SAFE_MODEL_NAMES]},
+        ),
+    ]
+    """Names of the models the worker binds; a pod is ready once every one is loaded and attached."""
+    replicas: Annotated[int | None, Field(ge=0)] = None
+    """Fixed number of pods (1 when neither this nor autoscaling is set)."""
+    autoscaling: AutoscalingSpec | None = None
+    gpus: Annotated[GpuSpec, Field(default_factory=GpuSpec, json_schema_extra={"default": {}})]
+    shared_memory: Annotated[str | None, Field(pattern=QUANTITY_PATTERN)] = None
+    """Size limit of the /dev/shm volume; derived from the GPU count and the arena size when unset."""
+    scheduling: Annotated[
+        SchedulingSpec, Field(default_factory=SchedulingSpec, json_schema_extra={"default": {}})
+    ]
+    service: Annotated[ServiceSpec, Field(default_factory=ServiceSpec, json_schema_extra={"default": {}})]
+    service_account_name: str | None = None
+    drain_seconds: Annotated[int, Field(ge=1, le=3600)] = podenv.DEFAULT_DRAIN_SECONDS
+    """How long a stopping pod keeps serving in-flight requests before it exits."""
+
+    @field_validator("models")
+    @classmethod
+    def _dns_safe_models(cls, names: list[str]) -> list[str]:
+        return [_model_name(name) for name in names]
+
+    @model_validator(mode="after")
+    def _replicas_xor_autoscaling(self) -> PyTritonModelSpec:
+        if self.replicas is not None and self.autoscaling is not None:
+            raise ValueError(REPLICAS_XOR_AUTOSCALING["message"])
+        return self
+
+    @property
+    def fixed_replicas(self) -> int | None:
+        """The replica count the Deployment is pinned to, or None when the autoscaler owns it."""
+        if self.autoscaling is not None:
+            return None
+        return 1 if self.replicas is None else self.replicas
+
+    @property
+    def min_replicas(self) -> int:
+        """The fewest pods the model runs with in normal operation."""
+        return self.autoscaling.min_replicas if self.autoscaling is not None else self.fixed_replicas or 0
+
+    @property
+    def shared_memory_limit(self) -> str:
+        """The /dev/shm size: the explicit one, or one arena per GPU (at least one) plus headroom."""
+        if self.shared_memory is not None:
+            return self.shared_memory
+        total = max(1, self.gpus.count) * podenv.DEFAULT_ARENA_BYTES + SHM_HEADROOM_BYTES
+        return f"{total // (1024 * 1024)}Mi"
+
+
+class Condition(_Model):
+    """A status condition in the usual Kubernetes shape."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+
+
+class PyTritonModelStatus(_Model):
+    """What the operator observed; written by the operator only."""
+
+    observed_generation: int | None = None
+    replicas: int = 0
+    ready_replicas: int = 0
+    selector: str = ""
+    """Label selector of the pods, for the scale subresource."""
+    conditions: list[Condition] = []
+    url: str = ""
+    """HTTP endpoint of the model's Service, inside the cluster."""
+    grpc_url: str = ""
+
+
+class ObjectMeta(BaseModel):
+    """The part of metadata a model.yaml sets; the rest belongs to the API server."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: Annotated[str, Field(max_length=OBJECT_NAME_MAX_LENGTH, pattern=OBJECT_NAME_PATTERN)]
+    """Also the name of every child; a Service name must be a DNS-1035 label."""
+    namespace: str | None = None
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+
+
+class PyTritonModel(BaseModel):
+    """A whole PyTritonModel document, as in a model.yaml."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Annotated[Literal["kubetriton.dev/v1alpha1"], Field(alias="apiVersion")] = API_VERSION
+    kind: Literal["PyTritonModel"] = KIND
+    metadata: ObjectMeta
+    spec: PyTritonModelSpec
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One readable line per problem, each naming the field as it is spelled in YAML."""
+    lines = []
+    for problem in error.errors():
+        where = ".".join(str(part) for part in problem["loc"]) or "object"
+        message = problem["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {message}")
+    return "\n".join(lines)

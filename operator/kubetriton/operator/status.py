@@ -1,0 +1,199 @@
+"""A model's status, computed from what its Deployment and pods report.
+
+Pure functions: the reconciler hands in the observed objects and writes back what comes out. The
+reasons name the problem a user can act on (no GPU left, image not pulled, worker crashing) rather
+than the generic "not ready".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubetriton.operator import naming
+from kubetriton.operator.pod import WORKER_CONTAINER
+from kubetriton.operator.spec import PyTritonModel
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+
+INSUFFICIENT_GPU = "InsufficientGPU"
+UNSCHEDULABLE = "Unschedulable"
+CRASH_LOOP = "CrashLoopBackOff"
+MODEL_LOAD_FAILED = "ModelLoadFailed"
+INVALID_SPEC = "InvalidSpec"
+APPLY_FAILED = "ApplyFailed"
+IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName")
+
+_SEVERITY = (
+    INSUFFICIENT_GPU,
+    UNSCHEDULABLE,
+    *IMAGE_PULL_REASONS,
+    CRASH_LOOP,
+    MODEL_LOAD_FAILED,
+    "ReplicaFailure",
+    "ProgressDeadlineExceeded",
+)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Why pods of a model do not become ready."""
+
+    reason: str
+    message: str
+
+
+def _container_statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    status = pod.get("status") or {}
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def _scheduling_problem(pod: Mapping[str, Any], gpu_resource: str) -> Diagnosis | None:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            message = condition.get("message", "")
+            if f"Insufficient {gpu_resource}" in message or "Insufficient nvidia.com/" in message:
+                return Diagnosis(INSUFFICIENT_GPU, message)
+            return Diagnosis(UNSCHEDULABLE, message or condition.get("reason", ""))
+    return None
+
+
+def _container_problem(container: Mapping[str, Any]) -> Diagnosis | None:
+    name = container.get("name", "")
+    waiting = (container.get("state") or {}).get("waiting") or {}
+    last_exit = (container.get("lastState") or {}).get("terminated") or {}
+    reason = waiting.get("reason")
+    if reason in IMAGE_PULL_REASONS:
+        return Diagnosis(reason, f"container {name}: {waiting.get('message', reason)}")
+    if reason == CRASH_LOOP:
+        detail = last_exit.get("message") or last_exit.get("reason") or waiting.get("message", "")
+        return Diagnosis(CRASH_LOOP, f"container {name} keeps exiting: {detail}".rstrip(": "))
+    running = "running" in (container.get("state") or {})
+    if name == WORKER_CONTAINER and running and not container.get("ready") and last_exit.get("exitCode"):
+        detail = last_exit.get("message") or f"exit code {last_exit['exitCode']}"
+        return Diagnosis(MODEL_LOAD_FAILED, f"the worker restarted and is not ready: {detail}")
+    return None
+
+
+def diagnose_pod(pod: Mapping[str, Any], gpu_resource: str) -> Diagnosis | None:
+    """The most telling problem of one pod, or None when nothing is wrong yet."""
+    found = _scheduling_problem(pod, gpu_resource)
+    if found:
+        return found
+    for container in _container_statuses(pod):
+        found = _container_problem(container)
+        if found:
+            return found
+    return None
+
+
+def _deployment_problem(deployment: Mapping[str, Any]) -> Diagnosis | None:
+    for condition in (deployment.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "ReplicaFailure" and condition.get("status") == "True":
+            return Diagnosis("ReplicaFailure", condition.get("message", ""))
+        if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
+            return Diagnosis("ProgressDeadlineExceeded", condition.get("message", ""))
+    return None
+
+
+def diagnose(
+    deployment: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]], gpu_resource: str
+) -> Diagnosis | None:
+    """The most severe problem among the pods and the Deployment."""
+    found = [diagnose_pod(pod, gpu_resource) for pod in sorted(pods, key=lambda p: p["metadata"]["name"])]
+    if deployment is not None:
+        found.append(_deployment_problem(deployment))
+    problems = [problem for problem in found if problem is not None]
+    return min(problems, key=lambda problem: _SEVERITY.index(problem.reason), default=None)
+
+
+def _condition(kind: str, true: bool, reason: str, message: str) -> dict[str, str]:
+    return {"type": kind, "status": "True" if true else "False", "reason": reason, "message": message}
+
+
+def _conditions(deployment: Mapping[str, Any] | None, problem: Diagnosis | None) -> list[dict[str, str]]:
+    if deployment is None:
+        return [
+            _condition(READY, False, "Creating", "the Deployment does not exist yet"),
+            _condition(PROGRESSING, True, "Creating", "creating the Deployment"),
+            _condition(DEGRADED, problem is not None, *_problem_or_fine(problem)),
+        ]
+    spec = deployment.get("spec") or {}
+    status = deployment.get("status") or {}
+    wanted = spec.get("replicas", 1)
+    ready = status.get("readyReplicas", 0)
+    updated = status.get("updatedReplicas", 0)
+    current = (deployment.get("metadata") or {}).get("generation", 0) <= status.get("observedGeneration", 0)
+    rolled_out = current and updated >= wanted and status.get("replicas", 0) == updated
+    counts = f"{ready}/{wanted} replicas ready"
+    if wanted == 0:
+        ready_condition = _condition(READY, False, "ScaledToZero", "the model has no replicas")
+    elif rolled_out and ready >= wanted:
+        ready_condition = _condition(READY, True, "AllReplicasReady", counts)
+    elif problem is not None:
+        ready_condition = _condition(READY, False, problem.reason, f"{counts}; {problem.message}")
+    else:
+        ready_condition = _condition(READY, False, "ReplicasNotReady", counts)
+    settled = rolled_out and ready >= wanted
+    if settled:
+        progressing = _condition(PROGRESSING, False, "RolloutComplete", counts)
+    elif problem is not None:
+        progressing = _condition(PROGRESSING, False, "Stalled", problem.message)
+    else:
+        progressing = _condition(PROGRESSING, True, "RollingOut", counts)
+    return [
+        ready_condition,
+        progressing,
+        _condition(DEGRADED, problem is not None, *_problem_or_fine(problem)),
+    ]
+
+
+def _problem_or_fine(problem: Diagnosis | None) -> tuple[str, str]:
+    return (problem.reason, problem.message) if problem else ("AsExpected", "")
+
+
+def stamp_transitions(
+    conditions: list[dict[str, str]], previous: Iterable[Mapping[str, Any]], now: str
+) -> list[dict[str, str]]:
+    """Keep each condition's lastTransitionTime unless its status changed."""
+    before = {condition.get("type"): condition for condition in previous}
+    stamped = []
+    for condition in conditions:
+        old = before.get(condition["type"])
+        unchanged = old is not None and old.get("status") == condition["status"]
+        since = old.get("lastTransitionTime") if unchanged and old else None
+        stamped.append({**condition, "lastTransitionTime": since or now})
+    return stamped
+
+
+def failure_conditions(reason: str, message: str) -> list[dict[str, str]]:
+    """Conditions for a model the operator could not act on (bad spec, rejected children)."""
+    return [
+        _condition(READY, False, reason, message),
+        _condition(PROGRESSING, False, reason, message),
+        _condition(DEGRADED, True, reason, message),
+    ]
+
+
+def summarize(
+    model: PyTritonModel,
+    deployment: Mapping[str, Any] | None,
+    pods: Iterable[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The status of a model, without transition times and observedGeneration."""
+    pods = list(pods)
+    problem = diagnose(deployment, pods, model.spec.gpus.resource_name)
+    deployment_status = (deployment or {}).get("status") or {}
+    name, namespace = model.metadata.name, model.metadata.namespace or "default"
+    ports = model.spec.service.ports
+    return {
+        "replicas": deployment_status.get("replicas", 0),
+        "readyReplicas": deployment_status.get("readyReplicas", 0),
+        "selector": naming.selector_string(name),
+        "conditions": _conditions(deployment, problem),
+        "url": naming.http_url(name, namespace, ports.http),
+        "grpcUrl": naming.grpc_url(name, namespace, ports.grpc),
+    }
