@@ -24,7 +24,7 @@ SINGULAR = "pytritonmodel"
 SHORT_NAME = "ptm"
 
 GPU_RESOURCE = "nvidia.com/gpu"
-GPU_RESOURCE_PATTERN = r"^nvidia\.com/(gpu|mig-[1-7]g\.[0-9]+gb)$"
+GPU_RESOURCE_PATTERN = r"^nvidia[.]com/(gpu|mig-[1-7]g[.][0-9]+gb)$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?$"
 MODEL_NAME_MAX_LENGTH = 63
 OBJECT_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -259,11 +259,18 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    name: Annotated[str, Field(max_length=OBJECT_NAME_MAX_LENGTH, pattern=OBJECT_NAME_PATTERN)]
+    name: str
     """Also the name of every child; a Service name must be a DNS-1035 label."""
     namespace: str | None = None
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _service_safe(cls, value: str) -> str:
+        if len(value) > OBJECT_NAME_MAX_LENGTH or not re.match(OBJECT_NAME_PATTERN, value):
+            raise ValueError(SERVICE_SAFE_NAME["message"])
+        return value
 
 
 class PyTritonModel(BaseModel):

@@ -1,0 +1,363 @@
+"""The pure builders: every child a spec produces, checked against the pod contract and the API schemas."""
+
+from __future__ import annotations
+
+import copy
+import os
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from kubetriton import podenv
+from kubetriton.operator import children, pod
+from kubetriton.operator.spec import PyTritonModel
+
+KUBERNETES_VERSION = "1.37.0"
+
+BASE: dict[str, Any] = {
+    "metadata": {"name": "esm1", "namespace": "models"},
+    "spec": {"worker": {"image": "registry.example.com/esm1:1"}, "models": ["ESM1"]},
+}
+
+
+def model_with(**spec_changes: Any) -> PyTritonModel:
+    document = copy.deepcopy(BASE)
+    document["spec"].update(spec_changes)
+    return PyTritonModel.model_validate(document)
+
+
+SCENARIOS: list[tuple[str, dict[str, Any], bool, list[str], list[str]]] = [
+    # id, spec changes, ServiceMonitor CRD present, wanted kinds, kinds to delete
+    ("defaults", {}, False, ["Deployment", "Service"], ["PodDisruptionBudget", "HorizontalPodAutoscaler"]),
+    (
+        "one replica",
+        {"replicas": 1},
+        True,
+        ["Deployment", "Service", "ServiceMonitor"],
+        ["PodDisruptionBudget", "HorizontalPodAutoscaler"],
+    ),
+    (
+        "two replicas",
+        {"replicas": 2, "gpus": {"count": 1}},
+        False,
+        ["Deployment", "Service", "PodDisruptionBudget"],
+        ["HorizontalPodAutoscaler"],
+    ),
+    (
+        "autoscaling from one",
+        {"autoscaling": {"maxReplicas": 4}},
+        False,
+        ["Deployment", "Service", "HorizontalPodAutoscaler"],
+        ["PodDisruptionBudget"],
+    ),
+    (
+        "autoscaling from two on MIG",
+        {
+            "autoscaling": {"minReplicas": 2, "maxReplicas": 4, "targetCPUUtilization": 60},
+            "gpus": {"count": 1, "resourceName": "nvidia.com/mig-1g.10gb"},
+        },
+        True,
+        ["Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ServiceMonitor"],
+        [],
+    ),
+    (
+        "everything set",
+        {
+            "replicas": 3,
+            "gpus": {"count": 2},
+            "sharedMemory": "2Gi",
+            "drainSeconds": 90,
+            "worker": {
+                "image": "w:1",
+                "command": ["python", "serve.py"],
+                "args": ["--x"],
+                "imagePullPolicy": "Always",
+                "env": [{"name": "A", "value": "1"}],
+                "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "4Gi"}},
+            },
+            "triton": {
+                "image": "t:1",
+                "args": ["--log-info=true"],
+                "resources": {"requests": {"cpu": "500m"}},
+            },
+            "scheduling": {
+                "nodeSelector": {"gpu": "a100"},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                            ]
+                        }
+                    }
+                },
+                "topologySpreadConstraints": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                    }
+                ],
+                "priorityClassName": "inference",
+            },
+            "service": {"type": "LoadBalancer", "ports": {"http": 80, "grpc": 81, "metrics": 82}},
+            "serviceAccountName": "esm1-reader",
+        },
+        False,
+        ["Deployment", "Service", "PodDisruptionBudget"],
+        ["HorizontalPodAutoscaler"],
+    ),
+]
+IDS = [scenario[0] for scenario in SCENARIOS]
+
+
+@pytest.mark.parametrize(("changes", "monitor", "kinds", "gone"), [s[1:] for s in SCENARIOS], ids=IDS)
+def test_children_per_spec(changes: dict[str, Any], monitor: bool, kinds: list[str], gone: list[str]) -> None:
+    model = model_with(**changes)
+    built = children.desired(model, service_monitor=monitor)
+    assert [obj["kind"] for obj in built] == kinds
+    assert [kind.kind for kind in children.unwanted(model, service_monitor_available=monitor)] == gone
+    for obj in built:
+        assert obj["metadata"]["name"] == "esm1"
+        assert obj["metadata"]["namespace"] == "models"
+        assert obj["metadata"]["labels"] == {
+            "app.kubernetes.io/name": "pytriton-model",
+            "app.kubernetes.io/instance": "esm1",
+            "app.kubernetes.io/managed-by": "kubetriton-operator",
+        }
+
+
+@pytest.mark.parametrize(("changes", "monitor"), [s[1:3] for s in SCENARIOS], ids=IDS)
+def test_children_pass_the_kubernetes_schemas(changes: dict[str, Any], monitor: bool) -> None:
+    for obj in children.desired(model_with(**changes), service_monitor=monitor):
+        if obj["kind"] == "ServiceMonitor":
+            assert obj["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics"}]
+            continue
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def _deployment(**changes: Any) -> dict[str, Any]:
+    return children.build_deployment(model_with(**changes))
+
+
+def _containers(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    pod_spec = deployment["spec"]["template"]["spec"]
+    return {c["name"]: c for c in [*pod_spec["initContainers"], *pod_spec["containers"]]}
+
+
+def test_bootstrap_runs_before_the_native_sidecar() -> None:
+    pod_spec = _deployment()["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod_spec["initContainers"]] == ["bootstrap", "triton"]
+    bootstrap, triton = pod_spec["initContainers"]
+    assert bootstrap["image"] == "registry.example.com/esm1:1"
+    assert bootstrap["command"] == ["kubetriton", "bootstrap"]
+    assert "restartPolicy" not in bootstrap
+    assert triton["restartPolicy"] == "Always"
+    assert [c["name"] for c in pod_spec["containers"]] == ["worker"]
+
+
+def test_triton_sidecar_is_the_stock_image_without_a_gpu() -> None:
+    triton = _containers(_deployment())["triton"]
+    assert triton["image"] == podenv.TRITON_IMAGE
+    env = {e["name"]: e["value"] for e in triton["env"]}
+    assert env == {"NVIDIA_VISIBLE_DEVICES": "void", "PYTHONPATH": "/workspace/runtime"}
+    assert triton["startupProbe"]["httpGet"] == {"path": "/v2/health/live", "port": podenv.HTTP_PORT}
+    assert "resources" not in triton
+
+
+@pytest.mark.parametrize("token", ["plain", "with space", 'it\'s "quoted" $(rm -rf /) `x` \\ ;&|'])
+def test_triton_command_passes_the_token_from_the_workspace_file(tmp_path: Path, token: str) -> None:
+    """Run the sidecar's shell line with a stand-in tritonserver that prints the arguments it got."""
+    model = model_with(drainSeconds=45, triton={"args": ["--log-info=true", "--id=a b"]})
+    shell, flag, script = pod.triton_command(model.spec)
+    assert (shell, flag) == ("/bin/sh", "-c")
+    token_file = tmp_path / "repository-token"
+    token_file.write_text(token)
+    fake = tmp_path / "bin" / "tritonserver"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    local_script = script.replace(f"{podenv.WORKSPACE_MOUNT}/{podenv.REPOSITORY_TOKEN_FILE}", str(token_file))
+    assert local_script != script
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    printed = subprocess.run([shell, flag, local_script], env=env, capture_output=True, text=True, check=True)
+    expected = podenv.tritonserver_args(
+        model_repository="/workspace/models", repository_token=token, exit_timeout_s=45
+    )
+    expected += ["--log-info=true", "--id=a b"]
+    assert printed.stdout.splitlines() == expected
+
+
+def test_triton_does_not_start_without_the_token_file(tmp_path: Path) -> None:
+    script = pod.triton_command(model_with().spec)[2]
+    missing = script.replace(
+        f"{podenv.WORKSPACE_MOUNT}/{podenv.REPOSITORY_TOKEN_FILE}", str(tmp_path / "absent")
+    )
+    fake = tmp_path / "tritonserver"
+    fake.write_text("#!/bin/sh\necho started\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    result = subprocess.run(["/bin/sh", "-c", missing], env=env, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "started" not in result.stdout
+
+
+def test_worker_gets_the_contract_environment_last() -> None:
+    worker = _containers(
+        _deployment(
+            models=["A", "B"],
+            drainSeconds=12,
+            worker={"image": "w:1", "env": [{"name": podenv.ENV_MODE, "value": "local"}]},
+        )
+    )["worker"]
+    names = [e["name"] for e in worker["env"]]
+    assert names[0] == podenv.ENV_MODE
+    contract = {e["name"]: e["value"] for e in worker["env"][1:]}
+    assert contract == {
+        podenv.ENV_MODE: "attach",
+        podenv.ENV_WORKSPACE: podenv.WORKSPACE_MOUNT,
+        podenv.ENV_TRITON_HOST: "127.0.0.1",
+        podenv.ENV_MODELS: "A,B",
+        podenv.ENV_DRAIN_SECONDS: "12",
+        podenv.ENV_HEALTH_PORT: str(podenv.HEALTH_PORT),
+    }
+    attach = podenv.AttachSettings.from_environ({e["name"]: e["value"] for e in worker["env"]})
+    assert attach is not None and attach.models == ("A", "B") and attach.drain_seconds == 12
+
+
+@pytest.mark.parametrize(
+    ("gpus", "resources", "expected"),
+    [
+        ({}, {}, None),
+        ({"count": 1}, {}, {"limits": {"nvidia.com/gpu": 1}}),
+        (
+            {"count": 2, "resourceName": "nvidia.com/mig-1g.10gb"},
+            {"limits": {"memory": "1Gi"}},
+            {"limits": {"memory": "1Gi", "nvidia.com/mig-1g.10gb": 2}},
+        ),
+    ],
+)
+def test_worker_requests_the_gpus(gpus: dict[str, Any], resources: dict[str, Any], expected: Any) -> None:
+    worker = _containers(_deployment(gpus=gpus, worker={"image": "w:1", "resources": resources}))["worker"]
+    assert worker.get("resources") == expected
+
+
+def test_worker_health_and_shutdown() -> None:
+    deployment = _deployment(drainSeconds=40)
+    worker = _containers(deployment)["worker"]
+    assert worker["ports"] == [{"name": "health", "containerPort": 8080}]
+    assert worker["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8080}
+    assert worker["livenessProbe"]["httpGet"] == {"path": "/livez", "port": 8080}
+    pre_stop = worker["lifecycle"]["preStop"]["sleep"]["seconds"]
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > pre_stop + 40
+    assert "--exit-timeout-secs=40" in _containers(deployment)["triton"]["command"][2]
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_volumes_and_mounts() -> None:
+    pod_spec = _deployment(gpus={"count": 2})["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    assert volumes["workspace"] == {"name": "workspace", "emptyDir": {}}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "576Mi"}
+    mounts = {
+        name: {m["mountPath"] for m in c["volumeMounts"]}
+        for name, c in _containers({"spec": {"template": {"spec": pod_spec}}}).items()
+    }
+    assert mounts == {
+        "bootstrap": {"/workspace"},
+        "triton": {"/workspace", "/dev/shm"},
+        "worker": {"/workspace", "/dev/shm"},
+    }
+
+
+def test_pod_meets_the_restricted_standard() -> None:
+    pod_spec = _deployment()["spec"]["template"]["spec"]
+    assert pod_spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": podenv.RUN_AS_UID,
+        "runAsGroup": podenv.RUN_AS_UID,
+        "fsGroup": podenv.RUN_AS_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    for container in _containers(_deployment()).values():
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        }
+
+
+def test_replicas_belong_to_the_autoscaler_when_there_is_one() -> None:
+    assert _deployment()["spec"]["replicas"] == 1
+    assert _deployment(replicas=0)["spec"]["replicas"] == 0
+    assert "replicas" not in _deployment(autoscaling={"maxReplicas": 3})["spec"]
+
+
+def test_service_ports() -> None:
+    service = children.build_service(model_with(service={"ports": {"http": 80}}))
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"},
+        {"name": "grpc", "port": 8001, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
+        {"name": "metrics", "port": 8002, "targetPort": "metrics", "protocol": "TCP"},
+    ]
+    assert service["spec"]["selector"] == {
+        "app.kubernetes.io/name": "pytriton-model",
+        "app.kubernetes.io/instance": "esm1",
+    }
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "metrics"),
+    [
+        (
+            {"maxReplicas": 3},
+            [
+                {
+                    "type": "Resource",
+                    "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}},
+                }
+            ],
+        ),
+        (
+            {"maxReplicas": 3, "targetCPUUtilization": 55},
+            [
+                {
+                    "type": "Resource",
+                    "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 55}},
+                }
+            ],
+        ),
+        (
+            {
+                "maxReplicas": 3,
+                "metrics": [
+                    {
+                        "type": "Pods",
+                        "pods": {
+                            "metric": {"name": "queue"},
+                            "target": {"type": "AverageValue", "averageValue": "5"},
+                        },
+                    }
+                ],
+            },
+            [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": "queue"},
+                        "target": {"type": "AverageValue", "averageValue": "5"},
+                    },
+                }
+            ],
+        ),
+    ],
+)
+def test_autoscaler_metrics(autoscaling: dict[str, Any], metrics: list[dict[str, Any]]) -> None:
+    hpa = children.build_horizontal_pod_autoscaler(model_with(autoscaling=autoscaling))
+    assert hpa["spec"]["metrics"] == metrics
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "esm1"}
+    kubernetes_validate.validate(hpa, KUBERNETES_VERSION, strict=True)

@@ -1,0 +1,133 @@
+"""Generated files stay current, examples stay valid, and `kubetriton render` behaves as a CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from crd_check import admit
+from kubetriton.cli import main as kubetriton
+from kubetriton.operator import manifests, rbac
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*/model.yaml"))
+
+
+@pytest.mark.parametrize("path", sorted(manifests.generated()), ids=str)
+def test_generated_files_are_current(path: Path) -> None:
+    assert (ROOT / path).read_text() == manifests.generated()[path], (
+        f"{path} is stale: run `python -m kubetriton.operator.manifests` from the repository root"
+    )
+
+
+def test_crd_and_rbac_pass_the_kubernetes_schemas() -> None:
+    documents = [yaml.safe_load((ROOT / manifests.CRD_PATH).read_text()), *rbac.manifests()]
+    for document in documents:
+        kubernetes_validate.validate(document, "1.37.0", strict=True)
+
+
+def test_crd_is_structural() -> None:
+    """Every property has a type, nothing refers elsewhere, and free-form parts are marked as such."""
+    crd = yaml.safe_load((ROOT / manifests.CRD_PATH).read_text())
+    version = crd["spec"]["versions"][0]
+
+    def walk(node: dict, where: str) -> None:
+        assert "$ref" not in node and "anyOf" not in node, where
+        assert "type" in node, f"{where} has no type"
+        if node["type"] == "object" and where != ".metadata":
+            assert (
+                "properties" in node
+                or "additionalProperties" in node
+                or node.get("x-kubernetes-preserve-unknown-fields")
+            ), f"{where} is an untyped object"
+        for name, child in node.get("properties", {}).items():
+            walk(child, f"{where}.{name}")
+        if "items" in node:
+            walk(node["items"], f"{where}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            walk(node["additionalProperties"], f"{where}{{}}")
+
+    walk(version["schema"]["openAPIV3Schema"], "")
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    columns = {c["name"]: c.get("priority", 0) for c in version["additionalPrinterColumns"]}
+    assert columns == {
+        "Ready": 0,
+        "Replicas": 0,
+        "Available": 0,
+        "Models": 0,
+        "GPUs": 0,
+        "Age": 0,
+        "Reason": 1,
+        "URL": 1,
+    }
+
+
+def test_rbac_grants_only_what_the_operator_uses() -> None:
+    grants = {
+        (rule["apiGroups"][0], resource): set(rule["verbs"])
+        for rule in rbac.RULES
+        for resource in rule["resources"]
+    }
+    assert grants[("", "pods")] == {"get", "list", "watch"}
+    assert grants[("", "events")] == {"create", "patch"}
+    assert grants[("apps", "deployments")] == {"list", "watch", "create", "patch"}
+    assert grants[("kubetriton.dev", "pytritonmodels/status")] == {"get", "patch"}
+    assert all("*" not in verbs and "update" not in verbs for verbs in grants.values())
+    assert ("", "secrets") not in grants
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.parent.name)
+def test_examples_are_admitted_and_render(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, errors = admit(yaml.safe_load(path.read_text()))
+    assert errors == []
+    assert kubetriton(["render", str(path), "-n", "demo"]) == 0
+    documents = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert documents[0]["kind"] == "Deployment"
+    for document in documents:
+        assert document["metadata"]["namespace"] == "demo"
+        kubernetes_validate.validate(document, "1.37.0", strict=True)
+
+
+def test_examples_cover_cpu_one_gpu_and_two_gpus() -> None:
+    gpus = {
+        path.parent.name: yaml.safe_load(path.read_text())["spec"].get("gpus", {}).get("count", 0)
+        for path in EXAMPLES
+    }
+    assert gpus == {"identity": 0, "esm1": 1, "multi-instance": 2}
+
+
+def test_render_rejects_a_bad_spec_readably(tmp_path: Path) -> None:
+    bad = tmp_path / "model.yaml"
+    bad.write_text(
+        "apiVersion: kubetriton.dev/v1alpha1\nkind: PyTritonModel\nmetadata: {name: bad}\n"
+        "spec:\n  worker: {image: w}\n  models: [ok, not_ok]\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "kubetriton.cli", "render", str(bad)], capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "spec.models: 'not_ok': each model name must be" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_render_reads_standard_input_and_adds_the_service_monitor_on_request() -> None:
+    text = (ROOT / "examples/identity/model.yaml").read_text()
+    result = subprocess.run(
+        [sys.executable, "-m", "kubetriton.cli", "render", "-", "--service-monitor"],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    kinds = [d["kind"] for d in yaml.safe_load_all(result.stdout)]
+    assert kinds == ["Deployment", "Service", "ServiceMonitor"]
+    assert all(d["metadata"]["namespace"] == "default" for d in yaml.safe_load_all(result.stdout))

@@ -1,0 +1,128 @@
+"""The PyTritonModel rules: the API server (CRD schema + CEL) and pydantic must agree on each."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from crd_check import admit, load_schema
+from kubetriton import podenv
+from kubetriton.operator import spec
+from kubetriton.operator.spec import PyTritonModel, describe_validation_error
+from pydantic import ValidationError
+
+BASE: dict[str, Any] = {
+    "apiVersion": "kubetriton.dev/v1alpha1",
+    "kind": "PyTritonModel",
+    "metadata": {"name": "identity", "namespace": "default"},
+    "spec": {"worker": {"image": "registry.example.com/identity:1"}, "models": ["Identity"]},
+}
+
+
+def _with(**changes: Any) -> dict[str, Any]:
+    obj = copy.deepcopy(BASE)
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node = obj
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return obj
+
+
+RULE_CASES = [
+    ("minimal spec", _with(), None),
+    ("fixed replicas", _with(spec__replicas=3), None),
+    ("autoscaling alone", _with(spec__autoscaling={"minReplicas": 1, "maxReplicas": 3}), None),
+    (
+        "replicas with autoscaling",
+        _with(spec__replicas=2, spec__autoscaling={"maxReplicas": 3}),
+        spec.REPLICAS_XOR_AUTOSCALING["message"],
+    ),
+    ("max equal to min", _with(spec__autoscaling={"minReplicas": 2, "maxReplicas": 2}), None),
+    (
+        "max below min",
+        _with(spec__autoscaling={"minReplicas": 3, "maxReplicas": 2}),
+        spec.MAX_AT_LEAST_MIN["message"],
+    ),
+    ("whole GPUs", _with(spec__gpus={"count": 2}), None),
+    ("MIG slice", _with(spec__gpus={"count": 1, "resourceName": "nvidia.com/mig-1g.10gb"}), None),
+    (
+        "another vendor's GPU",
+        _with(spec__gpus={"count": 1, "resourceName": "amd.com/gpu"}),
+        spec.GPU_RESOURCE_NAME["message"],
+    ),
+    (
+        "misspelt GPU resource",
+        _with(spec__gpus={"count": 1, "resourceName": "nvidia.com/gpus"}),
+        spec.GPU_RESOURCE_NAME["message"],
+    ),
+    ("CamelCase and dashed model names", _with(spec__models=["ESM1", "my-model"]), None),
+    ("underscore in a model name", _with(spec__models=["my_model"]), spec.DNS_SAFE_MODEL_NAMES["message"]),
+    ("model name starting with a dash", _with(spec__models=["-x"]), spec.DNS_SAFE_MODEL_NAMES["message"]),
+    ("uppercase object name", _with(metadata__name="ESM1"), spec.SERVICE_SAFE_NAME["message"]),
+    ("object name starting with a digit", _with(metadata__name="1esm"), spec.SERVICE_SAFE_NAME["message"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("obj", "rejection"), [case[1:] for case in RULE_CASES], ids=[c[0] for c in RULE_CASES]
+)
+def test_api_server_rules(obj: dict[str, Any], rejection: str | None) -> None:
+    _, errors = admit(obj)
+    if rejection is None:
+        assert errors == []
+    else:
+        assert len(errors) == 1 and errors[0].endswith(rejection)
+
+
+@pytest.mark.parametrize(
+    ("obj", "rejection"), [case[1:] for case in RULE_CASES], ids=[c[0] for c in RULE_CASES]
+)
+def test_pydantic_rules(obj: dict[str, Any], rejection: str | None) -> None:
+    if rejection is None:
+        PyTritonModel.model_validate(obj)
+        return
+    with pytest.raises(ValidationError) as raised:
+        PyTritonModel.model_validate(obj)
+    assert rejection in describe_validation_error(raised.value)
+
+
+def test_api_server_defaults_match_pydantic() -> None:
+    stored, errors = admit(BASE)
+    assert errors == []
+    assert stored["spec"]["triton"]["image"] == podenv.TRITON_IMAGE
+    assert stored["spec"]["gpus"] == {"count": 0, "resourceName": "nvidia.com/gpu"}
+    from_raw = PyTritonModel.model_validate(BASE).spec
+    from_stored = PyTritonModel.model_validate(stored).spec
+    assert from_stored == from_raw
+
+
+def test_readable_errors_name_the_yaml_field() -> None:
+    obj = _with(spec__autoscaling={"maxReplicas": "many"}, spec__worker={})
+    with pytest.raises(ValidationError) as raised:
+        PyTritonModel.model_validate(obj)
+    lines = describe_validation_error(raised.value).splitlines()
+    assert "spec.worker.image: Field required" in lines
+    assert any(line.startswith("spec.autoscaling.maxReplicas: ") for line in lines)
+
+
+def test_misspelt_fields_are_rejected_by_render_and_unknown_to_the_schema() -> None:
+    obj = _with(spec__replica=2)
+    with pytest.raises(ValidationError, match="replica"):
+        PyTritonModel.model_validate(obj)
+    spec_schema = load_schema()["properties"]["spec"]
+    assert "replica" not in spec_schema["properties"]
+    assert "x-kubernetes-preserve-unknown-fields" not in spec_schema
+
+
+@pytest.mark.parametrize(
+    ("gpus", "explicit", "expected"),
+    [(0, None, "320Mi"), (1, None, "320Mi"), (2, None, "576Mi"), (2, "2Gi", "2Gi")],
+)
+def test_shared_memory_is_derived_unless_set(gpus: int, explicit: str | None, expected: str) -> None:
+    model_spec = spec.PyTritonModelSpec.model_validate(
+        {**BASE["spec"], "gpus": {"count": gpus}, **({"sharedMemory": explicit} if explicit else {})}
+    )
+    assert model_spec.shared_memory_limit == expected

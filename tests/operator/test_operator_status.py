@@ -1,0 +1,281 @@
+"""Status from observed children: the reasons a user sees in `kubectl get ptm -o wide`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubetriton.operator import status
+from kubetriton.operator.spec import PyTritonModel
+
+MODEL = PyTritonModel.model_validate(
+    {
+        "metadata": {"name": "esm1", "namespace": "models"},
+        "spec": {"worker": {"image": "w:1"}, "models": ["ESM1"], "replicas": 2, "gpus": {"count": 1}},
+    }
+)
+MIG_MODEL = MODEL.model_copy(
+    update={
+        "spec": MODEL.spec.model_copy(
+            update={"gpus": MODEL.spec.gpus.model_copy(update={"resource_name": "nvidia.com/mig-1g.10gb"})}
+        )
+    }
+)
+
+
+def deployment(ready: int = 0, replicas: int = 2, updated: int | None = None, **extra: Any) -> dict[str, Any]:
+    updated = replicas if updated is None else updated
+    return {
+        "metadata": {"name": "esm1", "generation": 3},
+        "spec": {"replicas": 2},
+        "status": {
+            "observedGeneration": 3,
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "updatedReplicas": updated,
+            **extra,
+        },
+    }
+
+
+def pending_pod(message: str, reason: str = "Unschedulable") -> dict[str, Any]:
+    return {
+        "metadata": {"name": "esm1-a"},
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": reason, "message": message}],
+        },
+    }
+
+
+def waiting_pod(
+    container: str, reason: str, message: str = "", last: dict[str, Any] | None = None, running: bool = False
+) -> dict[str, Any]:
+    state = (
+        {"running": {"startedAt": "t"}} if running else {"waiting": {"reason": reason, "message": message}}
+    )
+    entry = {
+        "name": container,
+        "ready": False,
+        "state": state,
+        "lastState": {"terminated": last} if last else {},
+    }
+    key = "containerStatuses" if container == "worker" else "initContainerStatuses"
+    return {"metadata": {"name": f"esm1-{container}"}, "status": {"phase": "Pending", key: [entry]}}
+
+
+def conditions(
+    model: PyTritonModel, dep: dict[str, Any] | None, pods: list[dict[str, Any]]
+) -> dict[str, tuple]:
+    summary = status.summarize(model, dep, pods)
+    return {c["type"]: (c["status"], c["reason"]) for c in summary["conditions"]}
+
+
+CASES = [
+    (
+        "no deployment yet",
+        MODEL,
+        None,
+        [],
+        {
+            "Ready": ("False", "Creating"),
+            "Progressing": ("True", "Creating"),
+            "Degraded": ("False", "AsExpected"),
+        },
+    ),
+    (
+        "all ready",
+        MODEL,
+        deployment(ready=2),
+        [],
+        {
+            "Ready": ("True", "AllReplicasReady"),
+            "Progressing": ("False", "RolloutComplete"),
+            "Degraded": ("False", "AsExpected"),
+        },
+    ),
+    (
+        "starting",
+        MODEL,
+        deployment(ready=1),
+        [],
+        {
+            "Ready": ("False", "ReplicasNotReady"),
+            "Progressing": ("True", "RollingOut"),
+            "Degraded": ("False", "AsExpected"),
+        },
+    ),
+    (
+        "ready but old pods remain",
+        MODEL,
+        deployment(ready=2, replicas=3, updated=2),
+        [],
+        {
+            "Ready": ("False", "ReplicasNotReady"),
+            "Progressing": ("True", "RollingOut"),
+            "Degraded": ("False", "AsExpected"),
+        },
+    ),
+    (
+        "no GPU left",
+        MODEL,
+        deployment(),
+        [pending_pod("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")],
+        {
+            "Ready": ("False", "InsufficientGPU"),
+            "Progressing": ("False", "Stalled"),
+            "Degraded": ("True", "InsufficientGPU"),
+        },
+    ),
+    (
+        "no MIG slice left",
+        MIG_MODEL,
+        deployment(),
+        [pending_pod("0/2 nodes are available: 2 Insufficient nvidia.com/mig-1g.10gb.")],
+        {
+            "Ready": ("False", "InsufficientGPU"),
+            "Progressing": ("False", "Stalled"),
+            "Degraded": ("True", "InsufficientGPU"),
+        },
+    ),
+    (
+        "taints",
+        MODEL,
+        deployment(),
+        [pending_pod("0/3 nodes are available: 3 node(s) had untolerated taint {gpu: true}.")],
+        {
+            "Ready": ("False", "Unschedulable"),
+            "Progressing": ("False", "Stalled"),
+            "Degraded": ("True", "Unschedulable"),
+        },
+    ),
+    (
+        "worker image missing",
+        MODEL,
+        deployment(),
+        [waiting_pod("worker", "ImagePullBackOff", "not found")],
+        {
+            "Ready": ("False", "ImagePullBackOff"),
+            "Progressing": ("False", "Stalled"),
+            "Degraded": ("True", "ImagePullBackOff"),
+        },
+    ),
+    (
+        "triton image cannot be pulled",
+        MODEL,
+        deployment(),
+        [waiting_pod("triton", "ErrImagePull", "denied")],
+        {
+            "Ready": ("False", "ErrImagePull"),
+            "Progressing": ("False", "Stalled"),
+            "Degraded": ("True", "ErrImagePull"),
+        },
+    ),
+    (
+        "worker crashing",
+        MODEL,
+        deployment(),
+        [
+            waiting_pod(
+                "worker",
+                "CrashLoopBackOff",
+                "back-off",
+                last={"exitCode": 1, "message": "ImportError: torch"},
+            )
+        ],
+        {
+            "Ready": ("False", "CrashLoopBackOff"),
+            "Progressing": ("False", "Stalled"),
+            "Degraded": ("True", "CrashLoopBackOff"),
+        },
+    ),
+    (
+        "worker restarted and not ready",
+        MODEL,
+        deployment(),
+        [
+            waiting_pod(
+                "worker", "", last={"exitCode": 3, "message": "model ESM1 failed to load"}, running=True
+            )
+        ],
+        {
+            "Ready": ("False", "ModelLoadFailed"),
+            "Progressing": ("False", "Stalled"),
+            "Degraded": ("True", "ModelLoadFailed"),
+        },
+    ),
+    (
+        "quota",
+        MODEL,
+        deployment(
+            conditions=[
+                {
+                    "type": "ReplicaFailure",
+                    "status": "True",
+                    "reason": "FailedCreate",
+                    "message": "exceeded quota",
+                }
+            ]
+        ),
+        [],
+        {
+            "Ready": ("False", "ReplicaFailure"),
+            "Progressing": ("False", "Stalled"),
+            "Degraded": ("True", "ReplicaFailure"),
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("model", "dep", "pods", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_conditions(
+    model: PyTritonModel, dep: Any, pods: list[dict[str, Any]], expected: dict[str, tuple]
+) -> None:
+    assert conditions(model, dep, pods) == expected
+
+
+def test_the_most_severe_problem_wins_and_its_message_is_kept() -> None:
+    pods = [
+        waiting_pod("worker", "CrashLoopBackOff", last={"exitCode": 1}),
+        pending_pod("0/3 nodes are available: 3 Insufficient nvidia.com/gpu."),
+    ]
+    summary = status.summarize(MODEL, deployment(ready=1), pods)
+    ready = summary["conditions"][0]
+    assert ready["reason"] == "InsufficientGPU"
+    assert ready["message"] == "1/2 replicas ready; 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+
+
+def test_summary_fields() -> None:
+    summary = status.summarize(MODEL, deployment(ready=1, replicas=2), [])
+    assert summary["replicas"] == 2
+    assert summary["readyReplicas"] == 1
+    assert summary["selector"] == "app.kubernetes.io/instance=esm1,app.kubernetes.io/name=pytriton-model"
+    assert summary["url"] == "http://esm1.models.svc:8000"
+    assert summary["grpcUrl"] == "grpc://esm1.models.svc:8001"
+
+
+def test_transition_times_move_only_on_a_status_change() -> None:
+    previous = [
+        {
+            "type": "Ready",
+            "status": "False",
+            "reason": "Creating",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        },
+        {
+            "type": "Degraded",
+            "status": "False",
+            "reason": "AsExpected",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        },
+    ]
+    now = "2026-01-02T00:00:00Z"
+    new = [
+        {"type": "Ready", "status": "False", "reason": "ReplicasNotReady", "message": ""},
+        {"type": "Degraded", "status": "True", "reason": "InsufficientGPU", "message": ""},
+        {"type": "Progressing", "status": "True", "reason": "RollingOut", "message": ""},
+    ]
+    stamped = {c["type"]: c["lastTransitionTime"] for c in status.stamp_transitions(new, previous, now)}
+    assert stamped == {"Ready": "2026-01-01T00:00:00Z", "Degraded": now, "Progressing": now}
