@@ -1,0 +1,48 @@
+"""Fixtures: an emulated cluster served over HTTP, and the real operator running against it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import kmock
+import pytest
+import pytest_asyncio
+from emulator import ClusterEmulator, OperatorThread
+
+
+@pytest_asyncio.fixture()
+async def cluster() -> AsyncIterator[ClusterEmulator]:
+    async with ClusterEmulator() as emulator, kmock.Server(emulator):
+        yield emulator
+
+
+@pytest_asyncio.fixture()
+async def start_operator(cluster: ClusterEmulator) -> AsyncIterator[Callable[[], Awaitable[OperatorThread]]]:
+    """Start the operator (again, after a stop); every operator still running is stopped at teardown."""
+    started: list[OperatorThread] = []
+
+    async def start() -> OperatorThread:
+        operator = OperatorThread(str(cluster.servers[0].url).rstrip("/")).start()
+        started.append(operator)
+        assert await asyncio.to_thread(operator.ready.wait, 20), "the operator did not get ready"
+        return operator
+
+    yield start
+    for operator in started:
+        if operator.alive:
+            await asyncio.to_thread(operator.stop)
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10, message: str = "") -> Any:
+    """Poll until `check` returns something truthy (and return it), or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s: {message}")
+        await asyncio.sleep(0.05)

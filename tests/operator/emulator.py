@@ -1,0 +1,324 @@
+"""A Kubernetes API emulator that kopf and the operator can run against: kmock's, with what it lacks.
+
+kmock 0.8's `KubernetesEmulator` stores objects and streams watch events, but kopf needs more of the
+API server's bookkeeping. This subclass adds it:
+
+- `uid`, `creationTimestamp`, `generation` on create (and a name from `generateName`), and one
+  cluster-wide `resourceVersion` counter stamped on every change and watch event, deletions included;
+- `generation` bumped when a change touches `spec`;
+- JSON patches (kopf's finalizer and annotation patches), with a failed `test` answered by 422;
+- server-side apply as the operator sends it: create when absent, otherwise merge;
+- lists that report the current resourceVersion, and watches that subscribe before they replay,
+  then replay either the current objects or, when a resourceVersion is named, the events after it.
+
+`OperatorThread` runs the real operator on its own thread and event loop, because
+`kopf.operator()` cancels every task of the loop it runs on when it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import datetime
+import itertools
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp.web
+import attrs
+import jsonpatch
+import kmock
+import kopf
+from kmock._internal import aiobus, enums, rendering
+from kubetriton.operator import reconciler, spec
+
+RESOURCES = {
+    f"{spec.GROUP}/{spec.VERSION}/{spec.PLURAL}": kmock.ResourceInfo(
+        kind=spec.KIND,
+        singular=spec.SINGULAR,
+        namespaced=True,
+        shortnames={spec.SHORT_NAME},
+        subresources={"status", "scale"},
+        verbs={"get", "list", "watch", "patch", "create", "delete"},
+    ),
+    "apps/v1/deployments": kmock.ResourceInfo(
+        kind="Deployment",
+        singular="deployment",
+        namespaced=True,
+        subresources={"status", "scale"},
+        verbs={"get", "list", "watch", "patch", "create", "delete"},
+    ),
+    "v1/pods": kmock.ResourceInfo(
+        kind="Pod",
+        singular="pod",
+        namespaced=True,
+        subresources={"status"},
+        verbs={"get", "list", "watch", "patch", "create", "delete"},
+    ),
+    "v1/services": kmock.ResourceInfo(kind="Service", singular="service", namespaced=True, verbs={"patch"}),
+    "v1/namespaces": kmock.ResourceInfo(
+        kind="Namespace", singular="namespace", namespaced=False, verbs={"get", "list", "watch"}
+    ),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": kmock.ResourceInfo(
+        kind="CustomResourceDefinition",
+        singular="customresourcedefinition",
+        namespaced=False,
+        verbs={"get", "list", "watch"},
+    ),
+    "v1/events": kmock.ResourceInfo(kind="Event", singular="event", namespaced=True, verbs={"create"}),
+    "policy/v1/poddisruptionbudgets": kmock.ResourceInfo(
+        kind="PodDisruptionBudget", singular="poddisruptionbudget", namespaced=True, verbs={"patch", "delete"}
+    ),
+    "autoscaling/v2/horizontalpodautoscalers": kmock.ResourceInfo(
+        kind="HorizontalPodAutoscaler",
+        singular="horizontalpodautoscaler",
+        namespaced=True,
+        verbs={"patch", "delete"},
+    ),
+}
+
+
+class _Clock:
+    """The cluster-wide resourceVersion counter."""
+
+    def __init__(self) -> None:
+        self._counter = itertools.count(1)
+        self.now = 0
+
+    def tick(self) -> int:
+        self.now = next(self._counter)
+        return self.now
+
+
+@attrs.define(kw_only=True)
+class _VersionedBus(aiobus.Bus[Any]):
+    """A watch-event bus that stamps each event with the next resourceVersion and keeps a history."""
+
+    clock: _Clock
+    history: list[dict[str, Any]] = attrs.field(factory=list)
+
+    async def put(self, *items: Any) -> None:
+        for event in items:
+            event["object"].setdefault("metadata", {})["resourceVersion"] = str(self.clock.tick())
+            self.history.append({"type": event["type"], "object": copy.deepcopy(event["object"])})
+        await super().put(*items)
+
+
+def _version(event: dict[str, Any]) -> int:
+    return int(event["object"]["metadata"]["resourceVersion"])
+
+
+def _merge_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch that turns `old` into `new`."""
+    diff: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(old.get(key), dict):
+            nested = _merge_diff(old[key], value)
+            if nested:
+                diff[key] = nested
+        elif old.get(key) != value or key not in old:
+            diff[key] = value
+    return diff
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@attrs.define(kw_only=True)
+class ClusterEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator with the API server bookkeeping kopf relies on."""
+
+    _clock: _Clock = attrs.field(factory=_Clock, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        clock = self._clock
+        self._buses = collections.defaultdict(lambda: _VersionedBus(clock=clock))
+        for key, info in RESOURCES.items():
+            self.resources[key] = info
+
+    @staticmethod
+    def _content_type(request: rendering.Request) -> str:
+        return next((v for k, v in request.headers.items() if k.lower() == "content-type"), "").split(";")[0]
+
+    def _stored(self, request: rendering.Request) -> kmock.Object | None:
+        key = (request.resource, request.namespace, request.name)
+        return self._objects[key] if key in self._objects and not self._objects[key].deleted else None
+
+    @staticmethod
+    def _stamp_new(data: dict[str, Any], namespace: str | None) -> None:
+        metadata = data.setdefault("metadata", {})
+        if "name" not in metadata and "generateName" in metadata:
+            metadata["name"] = metadata["generateName"] + uuid.uuid4().hex[:5]
+        metadata.setdefault("uid", str(uuid.uuid4()))
+        metadata.setdefault("creationTimestamp", _now())
+        metadata["generation"] = 1
+        if namespace:
+            metadata.setdefault("namespace", namespace)
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if (
+            request.resource is not None
+            and request.action == enums.action.CREATE
+            and isinstance(request.data, dict)
+        ):
+            self._stamp_new(request.data, request.namespace)
+        elif request.resource is not None and request.action == enums.action.UPDATE:
+            content_type = self._content_type(request)
+            if content_type == "application/json-patch+json":
+                return await self._json_patch(request)
+            if content_type == "application/apply-patch+yaml":
+                return await self._apply(request)
+            stored = self._stored(request)
+            if stored is not None and request.subresource is None and "spec" in (request.data or {}):
+                generation = stored.get("metadata", {}).get("generation", 1)
+                request.data.setdefault("metadata", {})["generation"] = generation + 1
+        return await super()._handle(request)
+
+    async def _publish(
+        self, request: rendering.Request, event_type: str, obj: kmock.Object
+    ) -> dict[str, Any]:
+        assert request.resource is not None
+        await self._buses[request.resource].put({"type": event_type, "object": obj.raw})
+        return obj.raw
+
+    async def _json_patch(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        async with self._lock:
+            stored = self._stored(request)
+            if stored is None:
+                raise kmock.KubernetesObjectNotFoundError()
+            before = copy.deepcopy(stored.raw)
+            try:
+                after = jsonpatch.apply_patch(before, request.data)
+            except jsonpatch.JsonPatchTestFailed as error:
+                raise kmock.KubernetesError(status=422, reason="Invalid", message=str(error)) from error
+            if request.subresource is None and after.get("spec") != stored.raw.get("spec"):
+                after.setdefault("metadata", {})["generation"] = (
+                    stored.raw["metadata"].get("generation", 1) + 1
+                )
+            stored.patch(_merge_diff(stored.raw, after))
+            body = await self._publish(request, "MODIFIED", stored)
+        return aiohttp.web.json_response(body)
+
+    async def _apply(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        async with self._lock:
+            stored = self._stored(request)
+            applied = copy.deepcopy(request.data)
+            if stored is None:
+                self._stamp_new(applied, request.namespace)
+                key = (request.resource, request.namespace, request.name)
+                if key in self._objects:
+                    self._objects[key].create(applied)
+                else:
+                    self._objects[key] = applied
+                body = await self._publish(request, "ADDED", self._objects[key])
+            else:
+                changes_spec = "spec" in applied and _merge_diff(stored.raw.get("spec", {}), applied["spec"])
+                if changes_spec:
+                    generation = stored.raw["metadata"].get("generation", 1) + 1
+                    applied.setdefault("metadata", {})["generation"] = generation
+                stored.patch(applied)
+                body = await self._publish(request, "MODIFIED", stored)
+        return aiohttp.web.json_response(body)
+
+    def _matching(self, request: rendering.Request) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(obj.raw)
+            for (resource, namespace, _), obj in self._objects.items()
+            if resource == request.resource and not obj.deleted
+            if request.namespace is None or namespace == request.namespace
+        ]
+
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        if request.resource not in self._get_resources():
+            raise kmock.KubernetesResourceNotFoundError()
+        async with self._lock:
+            return {"metadata": {"resourceVersion": str(self._clock.now)}, "items": self._matching(request)}
+
+    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
+        yield b""
+        assert request.resource is not None
+        bus = self._buses[request.resource]
+        since = request.params.get("resourceVersion", "")
+        marker = await bus.mark()
+        try:
+            async with self._lock:
+                if since.isdigit() and since != "0":
+                    backlog = [event for event in bus.history if _version(event) > int(since)]
+                else:
+                    backlog = [{"type": "ADDED", "object": obj} for obj in self._matching(request)]
+                horizon = self._clock.now
+            for event in backlog:
+                if self._in_scope(request, event):
+                    yield event
+            async for event in bus.stream(since=marker):
+                if _version(event) > horizon and self._in_scope(request, event):
+                    yield event
+        finally:
+            await bus.unmark(marker)
+
+    @staticmethod
+    def _in_scope(request: rendering.Request, event: dict[str, Any]) -> bool:
+        metadata = event["object"].get("metadata", {})
+        return request.namespace is None or metadata.get("namespace") == request.namespace
+
+
+def fast_settings() -> kopf.OperatorSettings:
+    """The operator's settings, with waits shortened for tests and CRD scanning off."""
+    settings = reconciler.operator_settings()
+    settings.scanning.disabled = True
+    settings.watching.reconnect_backoff = 0.1
+    settings.queueing.exit_timeout = 0.5
+    return settings
+
+
+class OperatorThread:
+    """The real operator, on its own thread and event loop, pointed at an emulator's URL."""
+
+    def __init__(
+        self, server_url: str, settings: Callable[[], kopf.OperatorSettings] = fast_settings
+    ) -> None:
+        self._url = server_url
+        self._settings = settings
+        self._stop = threading.Event()
+        self.ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="operator", daemon=True)
+        self.error: BaseException | None = None
+
+    def _login(self, **_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=self._url, insecure=True, default_namespace="default")
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(
+                kopf.operator(
+                    registry=reconciler.build_registry(login=self._login),
+                    settings=self._settings(),
+                    clusterwide=True,
+                    standalone=True,
+                    stop_flag=self._stop,
+                    ready_flag=self.ready,
+                )
+            )
+        except BaseException as error:  # reported to the test that started the thread
+            self.error = error
+        finally:
+            loop.close()
+
+    def start(self) -> OperatorThread:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the operator did not stop"
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
