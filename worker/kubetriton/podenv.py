@@ -88,8 +88,8 @@ def tritonserver_args(
 ) -> list[str]:
     """The tritonserver arguments, identical for the local launcher and the pod's sidecar.
 
-    Models are loaded explicitly by the worker, readiness is strict, every request header is
-    forwarded to the callable as a parameter, and the model-repository API demands the token.
+    Models are loaded explicitly by the worker, readiness is strict, and the model-repository API
+    demands the token.
     """
     restricted = f"model-repository:{REPOSITORY_TOKEN_HEADER}={repository_token}"
     return [
@@ -102,8 +102,6 @@ def tritonserver_args(
         f"--grpc-port={grpc_port}",
         "--allow-metrics=true",
         f"--metrics-port={metrics_port}",
-        "--http-header-forward-pattern=.*",
-        "--grpc-header-forward-pattern=.*",
         f"--http-restricted-api={restricted}",
         f"--grpc-restricted-protocol={restricted}",
         f"--log-verbose={log_verbose}",

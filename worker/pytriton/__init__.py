@@ -1,0 +1,1 @@
+"""The PyTriton-compatible API served by kubetriton: code written for PyTriton runs unchanged."""

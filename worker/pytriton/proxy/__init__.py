@@ -1,0 +1,1 @@
+"""Data structures shared by the inference callable and the serving runtime."""

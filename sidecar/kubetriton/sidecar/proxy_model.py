@@ -1,0 +1,212 @@
+"""The proxy model: a Triton Python-backend model that forwards each batch to the worker process.
+
+Triton runs one proxy instance per bound callable, each in its own stub process. An instance connects a
+ZeroMQ DEALER to its worker instance's socket, creates its two shared-memory arenas, and for every
+`execute` sends the batch as one message and turns the reply into Triton responses.
+
+A worker that is not attached fails a request at once; a worker that goes away while a request is in
+flight fails it as soon as the connection drops. The arenas are reset then, because the blocks the
+worker held are gone with it. This module runs inside the stock Triton image: numpy, pyzmq and
+`kubetriton.transport` only, valid Python 3.10.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import triton_python_backend_utils as pb_utils
+import zmq
+import zmq.utils.monitor
+
+from kubetriton.transport import (
+    INLINE_LIMIT,
+    PARAM_ADDRESS,
+    PARAM_ARENA_BYTES,
+    PARAM_ARENA_DIR,
+    PARAM_INLINE_LIMIT,
+    Arena,
+    ArenaFullError,
+    decode_header,
+    decode_tensor,
+    encode_header,
+    encode_tensor,
+)
+
+
+
+class WorkerUnavailableError(RuntimeError):
+    """The worker is not attached, or went away while the request was in flight."""
+
+
+class TritonPythonModel:
+    """The Python-backend entry points: initialize, execute, finalize."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        instance = args["model_instance_name"].rsplit("_", 1)[-1]
+        self._model = args["model_name"]
+        self._decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+        self._inline_limit = int(parameters.get(PARAM_INLINE_LIMIT, INLINE_LIMIT))
+        arena_bytes = int(parameters[PARAM_ARENA_BYTES])
+        prefix = os.path.join(parameters[PARAM_ARENA_DIR], f"{self._model}.{instance}.{os.getpid()}")
+        os.makedirs(parameters[PARAM_ARENA_DIR], mode=0o700, exist_ok=True)
+        self._requests_arena = Arena(prefix + ".req", arena_bytes, create=True)
+        self._responses_arena = Arena(prefix + ".resp", arena_bytes, create=True, writable=False)
+        self._arena_paths = [self._requests_arena.path, self._responses_arena.path]
+        self._released_responses: list[int] = []
+        self._next_id = 0
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.IMMEDIATE, 1)
+        self._socket.connect(parameters[PARAM_ADDRESS].format(instance=instance))
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        if self._decoupled:
+            self._execute_decoupled(requests)
+            return None
+        try:
+            message_id = self._send(requests)
+            header, data = self._receive(message_id)
+        except Exception as error:
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))) for _ in requests]
+        if "error" in header:
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError(header["error"])) for _ in requests]
+        return [self._response(entry, data) for entry in header["responses"]]
+
+    def _execute_decoupled(self, requests: list[Any]) -> None:
+        senders = [request.get_response_sender() for request in requests]
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            message_id = self._send(requests)
+            while True:
+                header, data = self._receive(message_id)
+                if "error" in header:
+                    error = pb_utils.TritonError(header["error"])
+                    for sender in senders:
+                        sender.send(pb_utils.InferenceResponse(error=error), flags=final)
+                    return
+                if header.get("final"):
+                    for sender in senders:
+                        sender.send(flags=final)
+                    return
+                for sender, entry in zip(senders, header["responses"]):
+                    sender.send(self._response(entry, data))
+                self._release_responses()
+        except Exception as error:
+            for sender in senders:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))), flags=final)
+
+    def _send(self, requests: list[Any]) -> int:
+        """Encode the batch and send it; large inputs are copied into the request arena."""
+        frames: list[Any] = []
+        allocated: list[int] = []
+        entries = []
+        try:
+            for request in requests:
+                inputs = []
+                for tensor in request.inputs():
+                    descriptor = encode_tensor(
+                        tensor.name(), tensor.as_numpy(), frames, self._requests_arena, self._inline_limit
+                    )
+                    if descriptor[3] == "a":
+                        allocated.append(descriptor[4])
+                    inputs.append(descriptor)
+                entries.append(
+                    {
+                        "inputs": inputs,
+                        "parameters": request.parameters(),
+                        "outputs": sorted(request.requested_output_names()),
+                    }
+                )
+        except ArenaFullError as error:
+            self._free_requests(allocated)
+            raise ArenaFullError(f"Request to model '{self._model}' is too large: {error}") from None
+        self._drain_monitor()
+        self._next_id += 1
+        header = {
+            "id": self._next_id,
+            "arenas": self._arena_paths,
+            "requests": entries,
+            "released": self._take_released_responses(),
+            "decoupled": self._decoupled,
+        }
+        try:
+            self._socket.send_multipart([encode_header(header), *frames], flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self._free_requests(allocated)
+            raise WorkerUnavailableError(
+                f"No worker is attached to model '{self._model}'; is the worker process running?"
+            ) from None
+        return self._next_id
+
+    def _receive(self, message_id: int) -> tuple[dict[str, Any], list[memoryview]]:
+        """Wait for the worker's reply to `message_id`, failing as soon as the worker disconnects."""
+        while True:
+            ready = dict(self._poller.poll())
+            if self._socket in ready:
+                frames = self._socket.recv_multipart(copy=False)
+                header = decode_header(frames[0].buffer)
+                for offset in header.get("released", ()):
+                    self._requests_arena.free(offset)
+                if header.get("id") == message_id:
+                    return header, [frame.buffer for frame in frames[1:]]
+            elif self._monitor in ready:
+                zmq.utils.monitor.recv_monitor_message(self._monitor)
+                self._forget_worker()
+                raise WorkerUnavailableError(
+                    f"The worker of model '{self._model}' went away while the request was in flight"
+                )
+
+    def _drain_monitor(self) -> None:
+        while self._monitor.poll(0):
+            zmq.utils.monitor.recv_monitor_message(self._monitor)
+            self._forget_worker()
+
+    def _forget_worker(self) -> None:
+        """A worker that went away released every block it held, and took its response arena state along."""
+        self._requests_arena.reset()
+        self._released_responses.clear()
+
+    def _free_requests(self, offsets: list[int]) -> None:
+        for offset in offsets:
+            self._requests_arena.free(offset)
+
+    def _take_released_responses(self) -> list[int]:
+        released, self._released_responses = self._released_responses, []
+        return released
+
+    def _release_responses(self) -> None:
+        """Tell the worker at once which response blocks are copied out (streams do not wait for a request)."""
+        if self._released_responses:
+            header = {"arenas": self._arena_paths, "released": self._take_released_responses()}
+            try:
+                self._socket.send_multipart([encode_header(header)], flags=zmq.NOBLOCK)
+            except zmq.Again:
+                self._forget_worker()
+
+    def _response(self, entry: dict[str, Any], data: list[memoryview]) -> Any:
+        if "error" in entry:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(entry["error"]))
+        tensors = []
+        for descriptor in entry["outputs"]:
+            name, array = decode_tensor(descriptor, data, self._responses_arena)
+            tensors.append(pb_utils.Tensor(name, array))
+            if descriptor[3] == "a":
+                self._released_responses.append(descriptor[4])
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def finalize(self) -> None:
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
+        self._socket.close(linger=0)
+        self._context.term()
+        self._requests_arena.close(unlink=True)
+        self._responses_arena.close(unlink=True)

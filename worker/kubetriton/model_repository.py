@@ -1,0 +1,141 @@
+"""The model repository that Triton loads bound models from: `config.pbtxt` and the proxy `model.py`.
+
+The configuration is generated from `ModelConfig` and the declared tensors as PyTriton generates it:
+the Python backend, a dynamic batcher when batching is on (`max_batch_size: 0` when it is off), one CPU
+instance per bound callable, and the parameters that tell each proxy instance how to reach its worker.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor
+
+MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+PROXY_MODEL_SOURCE = "from kubetriton.sidecar.proxy_model import TritonPythonModel  # noqa: F401\n"
+
+_TRITON_DTYPES = {
+    np.dtype(bool): "TYPE_BOOL",
+    np.dtype(np.uint8): "TYPE_UINT8",
+    np.dtype(np.uint16): "TYPE_UINT16",
+    np.dtype(np.uint32): "TYPE_UINT32",
+    np.dtype(np.uint64): "TYPE_UINT64",
+    np.dtype(np.int8): "TYPE_INT8",
+    np.dtype(np.int16): "TYPE_INT16",
+    np.dtype(np.int32): "TYPE_INT32",
+    np.dtype(np.int64): "TYPE_INT64",
+    np.dtype(np.float16): "TYPE_FP16",
+    np.dtype(np.float32): "TYPE_FP32",
+    np.dtype(np.float64): "TYPE_FP64",
+    np.dtype(object): "TYPE_STRING",
+}
+
+
+def check_model_name(name: str) -> None:
+    if not isinstance(name, str) or not MODEL_NAME_PATTERN.match(name):
+        raise ValueError(
+            f"Invalid model name {name!r}: use 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit"
+        )
+
+
+def name_tensors(tensors: Sequence[Tensor], prefix: str) -> tuple[Tensor, ...]:
+    """Give unnamed tensors PyTriton's default names, INPUT_1, INPUT_2, ... and reject duplicates."""
+    named = tuple(
+        tensor if tensor.name else Tensor(shape=tensor.shape, dtype=tensor.dtype, name=f"{prefix}_{index}", optional=tensor.optional)
+        for index, tensor in enumerate(tensors, start=1)
+    )
+    names = [tensor.name for tensor in named]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"Duplicate {prefix.lower()} tensor names: {', '.join(duplicates)}")
+    return named
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything Triton and the worker need to know about one bound model."""
+
+    name: str
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    config: ModelConfig
+    instances: int
+    strict: bool = False
+    version: int = 1
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.config.max_batch_size if self.config.batching else 0
+
+
+def render_config(spec: ModelSpec, parameters: Mapping[str, str]) -> str:
+    """The model's `config.pbtxt` in protobuf text format."""
+    lines = [f'name: "{spec.name}"', 'backend: "python"', f"max_batch_size: {spec.max_batch_size}"]
+    if spec.config.batching:
+        lines += _render_batcher(spec.config.batcher)
+    if spec.config.decoupled:
+        lines.append("model_transaction_policy { decoupled: true }")
+    if spec.config.response_cache:
+        lines.append("response_cache { enable: true }")
+    lines.append(f"instance_group [ {{ count: {spec.instances} kind: KIND_CPU }} ]")
+    lines.append("input [")
+    lines.append(",\n".join(_render_tensor(tensor, optional=tensor.optional) for tensor in spec.inputs))
+    lines.append("]")
+    lines.append("output [")
+    lines.append(",\n".join(_render_tensor(tensor, optional=False) for tensor in spec.outputs))
+    lines.append("]")
+    for key, value in parameters.items():
+        lines.append(f'parameters {{ key: "{key}" value {{ string_value: "{_escape(value)}" }} }}')
+    return "\n".join(lines) + "\n"
+
+
+def _render_tensor(tensor: Tensor, *, optional: bool) -> str:
+    dims = ", ".join(str(dim) for dim in tensor.shape)
+    text = f'  {{ name: "{tensor.name}" data_type: {_TRITON_DTYPES[tensor.dtype]} dims: [ {dims} ]'
+    return text + (" optional: true }" if optional else " }")
+
+
+def _render_batcher(batcher: DynamicBatcher) -> list[str]:
+    body = [f"  max_queue_delay_microseconds: {batcher.max_queue_delay_microseconds}"]
+    if batcher.preferred_batch_size:
+        body.append(f"  preferred_batch_size: [ {', '.join(str(size) for size in batcher.preferred_batch_size)} ]")
+    body.append(f"  preserve_ordering: {str(batcher.preserve_ordering).lower()}")
+    if batcher.priority_levels:
+        body.append(f"  priority_levels: {batcher.priority_levels}")
+        body.append(f"  default_priority_level: {batcher.default_priority_level}")
+    if batcher.default_queue_policy:
+        body.append(f"  default_queue_policy {{ {_render_queue_policy(batcher.default_queue_policy)} }}")
+    for level, policy in sorted((batcher.priority_queue_policy or {}).items()):
+        body.append(f"  priority_queue_policy {{ key: {level} value {{ {_render_queue_policy(policy)} }} }}")
+    return ["dynamic_batching {", *body, "}"]
+
+
+def _render_queue_policy(policy: QueuePolicy) -> str:
+    return (
+        f"timeout_action: {policy.timeout_action.value} "
+        f"default_timeout_microseconds: {policy.default_timeout_microseconds} "
+        f"allow_timeout_override: {str(policy.allow_timeout_override).lower()} "
+        f"max_queue_size: {policy.max_queue_size}"
+    )
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def write_model(repository: Path, spec: ModelSpec, parameters: Mapping[str, str]) -> Path:
+    """Write the model's directory into the repository, replacing any earlier version of it."""
+    model_dir = repository / spec.name
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    version_dir = model_dir / str(spec.version)
+    version_dir.mkdir(parents=True)
+    (version_dir / "model.py").write_text(PROXY_MODEL_SOURCE)
+    (model_dir / "config.pbtxt").write_text(render_config(spec, parameters))
+    return model_dir

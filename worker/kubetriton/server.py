@@ -1,0 +1,130 @@
+"""The Triton server a `Triton()` object serves through: a local process, or the pod's sidecar.
+
+Both expose the same things to the rest of the runtime: where the model repository is, the HTTP URL
+of the server, the repository token, and a way to wait for liveness. Only the local server owns a
+process; stopping it drains in-flight requests (SIGTERM, Triton's exit timeout) and removes every
+shared-memory file it created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from kubetriton.podenv import tritonserver_args
+from kubetriton.triton_home import TritonHome
+from pytriton.exceptions import PyTritonRuntimeError
+
+LIVENESS_POLL_S = 0.05
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGTERM tritonserver if the process that launched it dies."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def wait_until_live(http_url: str, timeout_s: float, is_running: callable = lambda: True) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not is_running():
+            raise PyTritonRuntimeError("tritonserver exited during start-up")
+        try:
+            with urllib.request.urlopen(f"{http_url}/v2/health/live", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(LIVENESS_POLL_S)
+    raise PyTritonRuntimeError(f"Triton at {http_url} did not become live within {timeout_s:.0f} s")
+
+
+class LocalTritonServer:
+    """A tritonserver child process with its model repository and shared memory in private places."""
+
+    def __init__(
+        self,
+        home: TritonHome,
+        *,
+        model_repository: Path,
+        repository_token: str,
+        shm_prefix: str,
+        log_path: Path,
+        http_port: int,
+        grpc_port: int,
+        metrics_port: int,
+        exit_timeout_s: float,
+        log_verbose: int,
+        extra_args: list[str],
+    ) -> None:
+        self.model_repository = model_repository
+        self.repository_token = repository_token
+        self.http_url = f"http://127.0.0.1:{http_port}"
+        self._home = home
+        self._shm_prefix = shm_prefix
+        self._log_path = log_path
+        self._exit_timeout_s = exit_timeout_s
+        self._args = [
+            *tritonserver_args(
+                model_repository=str(model_repository),
+                repository_token=repository_token,
+                exit_timeout_s=exit_timeout_s,
+                http_port=http_port,
+                grpc_port=grpc_port,
+                metrics_port=metrics_port,
+                log_verbose=log_verbose,
+            ),
+            f"--backend-directory={home.backends}",
+            f"--backend-config=python,shm-region-prefix-name={Path(shm_prefix).name}",
+            *extra_args,
+        ]
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        with self._log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                [str(self._home.executable), *self._args],
+                env=self._home.environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
+        try:
+            wait_until_live(self.http_url, timeout_s, self.is_running)
+        except PyTritonRuntimeError as error:
+            self.stop()
+            raise PyTritonRuntimeError(f"{error}. Last lines of {self._log_path}:\n{self.log_tail()}") from None
+
+    def is_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    def stop(self) -> None:
+        """SIGTERM, wait for Triton to drain within its exit timeout, then make sure it is gone."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(self._exit_timeout_s + 5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        shm = Path(self._shm_prefix)
+        for leftover in shm.parent.glob(shm.name + "*"):
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)

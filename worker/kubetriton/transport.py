@@ -1,0 +1,239 @@
+"""The wire format between the proxy model inside Triton and the worker that runs the callable.
+
+One ZeroMQ DEALER (proxy instance) talks to one ROUTER (worker instance) over `ipc://`. A message is a
+JSON header frame followed by data frames. A tensor travels either inline, as its own frame, or, when
+it is larger than the inline limit, through an `Arena`: a bounded, pre-sized shared-memory file.
+
+Each proxy instance owns two arenas: the request arena, which only the proxy allocates in and the
+worker maps read-only, and the response arena, which only the worker allocates in and the proxy maps
+read-only. A block is freed by its allocator only when the reader reports it released, so a callable
+may keep an input array after it returns: the block stays pinned until the array is garbage-collected.
+
+This module runs in the worker and inside the stock Triton image, so it depends on numpy alone and is
+valid Python 3.10.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import mmap
+import os
+import struct
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+INLINE_LIMIT = 64 * 1024
+"""Tensors up to this many bytes travel as message frames; larger ones go through an arena."""
+ALIGNMENT = 64
+BYTES = "BYTES"
+"""The dtype tag of string tensors, serialized as 4-byte little-endian lengths followed by the bytes."""
+
+PARAM_ADDRESS = "kubetriton.address"
+PARAM_ARENA_DIR = "kubetriton.arena_dir"
+PARAM_ARENA_BYTES = "kubetriton.arena_bytes"
+PARAM_INLINE_LIMIT = "kubetriton.inline_limit"
+"""config.pbtxt parameters through which the worker tells each proxy instance where to find it."""
+
+_LENGTH = struct.Struct("<I")
+
+
+class ArenaFullError(RuntimeError):
+    """A tensor does not fit into the free space of a shared-memory arena."""
+
+
+class Arena:
+    """A shared-memory file of fixed size, with a first-fit allocator for the side that writes it."""
+
+    def __init__(self, path: str, size: int = 0, *, create: bool = False, writable: bool = True) -> None:
+        if create:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.ftruncate(fd, size)
+        else:
+            fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        try:
+            self.size = os.fstat(fd).st_size
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+            self._mmap = mmap.mmap(fd, self.size, access=access) if self.size else None
+        finally:
+            os.close(fd)
+        self.path = path
+        self.buffer = np.frombuffer(self._mmap, np.uint8) if self._mmap else np.empty(0, np.uint8)
+        self._free_starts: list[int] = [0] if self.size else []
+        self._free_lengths: dict[int, int] = {0: self.size} if self.size else {}
+        self._used: dict[int, int] = {}
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(self._used.values())
+
+    def allocate(self, nbytes: int) -> int:
+        """Reserve `nbytes` and return the offset; raise ArenaFullError when no free range fits."""
+        need = max(ALIGNMENT, -(-nbytes // ALIGNMENT) * ALIGNMENT)
+        for start in self._free_starts:
+            length = self._free_lengths[start]
+            if length >= need:
+                self._take(start, length, need)
+                return start
+        raise ArenaFullError(
+            f"{nbytes} bytes do not fit into the shared-memory arena "
+            f"({self.size - self.used_bytes} of {self.size} bytes free)"
+        )
+
+    def _take(self, start: int, length: int, need: int) -> None:
+        index = bisect.bisect_left(self._free_starts, start)
+        del self._free_starts[index]
+        del self._free_lengths[start]
+        if length > need:
+            self._free_starts.insert(index, start + need)
+            self._free_lengths[start + need] = length - need
+        self._used[start] = need
+
+    def free(self, offset: int) -> None:
+        """Return a block to the free list, merging it with free neighbours."""
+        length = self._used.pop(offset, None)
+        if length is None:
+            return
+        index = bisect.bisect_left(self._free_starts, offset)
+        end = offset + length
+        if index < len(self._free_starts) and self._free_starts[index] == end:
+            length += self._free_lengths.pop(end)
+            del self._free_starts[index]
+        if index > 0:
+            before = self._free_starts[index - 1]
+            if before + self._free_lengths[before] == offset:
+                self._free_lengths[before] += length
+                return
+        self._free_starts.insert(index, offset)
+        self._free_lengths[offset] = length
+
+    def reset(self) -> None:
+        """Forget every allocation: the peer that held blocks is gone."""
+        self._used.clear()
+        self._free_starts = [0] if self.size else []
+        self._free_lengths = {0: self.size} if self.size else {}
+
+    def close(self, *, unlink: bool = False) -> None:
+        self.buffer = np.empty(0, np.uint8)
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:
+                pass  # a caller still holds a view; the mapping goes when the view does
+            self._mmap = None
+        if unlink:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+class _ArenaBlock(np.ndarray):
+    """Marks the owner of an arena block: numpy stops collapsing view bases at a type change.
+
+    Every array derived from a block keeps the block alive, so a finalizer on the block fires exactly
+    when the last such array is gone, however many views the callable made or kept.
+    """
+
+
+def encode_header(header: dict[str, Any]) -> bytes:
+    return json.dumps(header, separators=(",", ":")).encode()
+
+
+def decode_header(frame: bytes | memoryview) -> dict[str, Any]:
+    return json.loads(bytes(frame))
+
+
+def serialize_bytes(array: np.ndarray) -> bytes:
+    """Triton's BYTES layout: each element as a 4-byte little-endian length and its bytes."""
+    parts = []
+    for item in array.ravel(order="C").tolist():
+        data = item.encode() if isinstance(item, str) else bytes(item)
+        parts.append(_LENGTH.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def deserialize_bytes(buffer: bytes | memoryview, shape: Sequence[int]) -> np.ndarray:
+    view = memoryview(buffer)
+    count = int(np.prod(shape)) if len(shape) else 1
+    items = np.empty(count, dtype=object)
+    position = 0
+    for index in range(count):
+        (length,) = _LENGTH.unpack_from(view, position)
+        position += 4
+        items[index] = bytes(view[position : position + length])
+        position += length
+    return items.reshape(shape)
+
+
+def is_bytes_dtype(dtype: np.dtype) -> bool:
+    return dtype.kind in "OSU"
+
+
+def encode_tensor(
+    name: str,
+    array: np.ndarray,
+    frames: list[Any],
+    arena: Arena | None,
+    inline_limit: int = INLINE_LIMIT,
+) -> list[Any]:
+    """Describe `array` for the header, appending its data to `frames` or copying it into `arena`.
+
+    The descriptor is `[name, dtype, shape, "f", frame_index]` or `[name, dtype, shape, "a", offset,
+    nbytes]`. The arena allocation is the caller's to free once the peer reports it released.
+    """
+    shape = list(array.shape)
+    if is_bytes_dtype(array.dtype):
+        dtype, data = BYTES, np.frombuffer(serialize_bytes(array), np.uint8)
+    else:
+        dtype, data = array.dtype.str, np.ascontiguousarray(array)
+    nbytes = data.nbytes
+    if nbytes <= inline_limit or arena is None or arena.size == 0:
+        frames.append(data.data if data.ndim else data.tobytes())
+        return [name, dtype, shape, "f", len(frames) - 1]
+    offset = arena.allocate(nbytes)
+    target = arena.buffer[offset : offset + nbytes]
+    target[...] = data.reshape(-1).view(np.uint8)
+    return [name, dtype, shape, "a", offset, nbytes]
+
+
+def decode_tensor(
+    descriptor: Sequence[Any],
+    frames: Sequence[Any],
+    arena: Arena | None,
+    on_release: Callable[[int], None] | None = None,
+) -> tuple[str, np.ndarray]:
+    """The named array a descriptor points at, read-only.
+
+    With `on_release`, an arena-backed array owns its block: `on_release(offset)` is called once the
+    array and every view of it are gone. Without it, the array is a plain view the caller must drop
+    before the block is reused.
+    """
+    name, dtype, shape = descriptor[0], descriptor[1], descriptor[2]
+    if descriptor[3] == "f":
+        buffer: Any = frames[descriptor[4]]
+    else:
+        if arena is None:
+            raise RuntimeError("a tensor arrived through a shared-memory arena that is not mapped")
+        offset, nbytes = descriptor[4], descriptor[5]
+        buffer = arena.buffer[offset : offset + nbytes]
+        if on_release is not None and dtype != BYTES:
+            block = buffer.view(_ArenaBlock)
+            weakref.finalize(block, on_release, offset)
+            buffer = block.view(type=np.ndarray)
+        elif on_release is not None:
+            on_release(offset)  # strings are copied out below, so the block is free at once
+    if dtype == BYTES:
+        array = deserialize_bytes(buffer, shape)
+        array.flags.writeable = False
+        return name, array
+    if isinstance(buffer, np.ndarray):
+        array = buffer.view(np.dtype(dtype)).reshape(shape)
+    else:
+        array = np.frombuffer(buffer, dtype=np.dtype(dtype)).reshape(shape)
+    array.flags.writeable = False
+    return name, array

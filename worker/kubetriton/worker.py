@@ -1,0 +1,414 @@
+"""The worker runtime: executes bound callables for the proxy model instances inside Triton.
+
+Each (model, instance) pair gets one thread with its own ZeroMQ ROUTER socket, so a request goes from
+the socket to the callable and back without a hand-off between threads. Callables that release the GIL
+therefore run in parallel across instances. Coroutine callables run on one shared event loop.
+
+The runtime also owns what the callable must not see: it decodes inputs into read-only arrays, checks
+that the responses match the declared outputs, maps exceptions to error messages for the client, and
+streams generator results for decoupled models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import threading
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+import zmq.utils.monitor
+
+from kubetriton.model_repository import ModelSpec
+from kubetriton.transport import (
+    INLINE_LIMIT,
+    PARAM_ADDRESS,
+    PARAM_ARENA_BYTES,
+    PARAM_ARENA_DIR,
+    PARAM_INLINE_LIMIT,
+    Arena,
+    ArenaFullError,
+    decode_header,
+    decode_tensor,
+    encode_header,
+    encode_tensor,
+    is_bytes_dtype,
+)
+from pytriton.exceptions import PyTritonUnrecoverableError
+from pytriton.proxy.types import Request
+
+LOGGER = logging.getLogger(__name__)
+
+POLL_INTERVAL_MS = 100
+MAX_SOCKET_PATH = 100
+"""Unix socket paths are limited to 107 bytes; ipc:// addresses must stay below it."""
+
+
+class ResponseError(ValueError):
+    """A callable's responses do not match what the model declares."""
+
+
+@dataclass(frozen=True)
+class TransportSettings:
+    """Where the proxy instances of a model reach the worker, and how tensors travel."""
+
+    sockets_dir: Path
+    arena_dir: Path
+    arena_bytes: int
+    inline_limit: int = INLINE_LIMIT
+
+    def address(self, model: str, instance: int | str) -> str:
+        return f"ipc://{self.sockets_dir}/{model}.{instance}"
+
+    def model_parameters(self, model: str) -> dict[str, str]:
+        """The config.pbtxt parameters a proxy instance reads to find its worker."""
+        address = self.address(model, "{instance}")
+        if len(address) - len("ipc://") > MAX_SOCKET_PATH:
+            raise ValueError(f"Socket path {address} is too long for a Unix socket; use a shorter workspace path")
+        return {
+            PARAM_ADDRESS: address,
+            PARAM_ARENA_DIR: str(self.arena_dir),
+            PARAM_ARENA_BYTES: str(self.arena_bytes),
+            PARAM_INLINE_LIMIT: str(self.inline_limit),
+        }
+
+
+class _EventLoopThread:
+    """One event loop, in its own thread, for every coroutine callable of the process."""
+
+    _lock = threading.Lock()
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def run(cls, awaitable: Any) -> Any:
+        with cls._lock:
+            if cls._loop is None:
+                cls._loop = asyncio.new_event_loop()
+                threading.Thread(target=cls._loop.run_forever, name="kubetriton-async", daemon=True).start()
+        return asyncio.run_coroutine_threadsafe(_as_coroutine(awaitable), cls._loop).result()
+
+    @classmethod
+    def next_item(cls, agen: Any) -> Any:
+        return cls.run(agen.__anext__())
+
+
+async def _as_coroutine(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def format_error(error: BaseException, *, debug: bool) -> str:
+    """The message a client sees for a callable's exception: its type and text, a traceback only in debug."""
+    message = f"{type(error).__name__}: {error}"
+    if debug:
+        message += "\n" + "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return message
+
+
+class ResponseChecker:
+    """Turns what a callable returned into one {output name: array} dict per request, or says why not."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self._spec = spec
+        self._outputs = {tensor.name: tensor for tensor in spec.outputs}
+        self._names = [tensor.name for tensor in spec.outputs]
+
+    def check(self, result: Any, count: int) -> list[dict[str, np.ndarray]]:
+        if isinstance(result, Mapping) and count == 1:
+            result = [result]
+        if not isinstance(result, (list, tuple)):
+            raise ResponseError(
+                f"Model '{self._spec.name}' callable must return a list with one response per request, "
+                f"got {type(result).__name__}"
+            )
+        if len(result) != count:
+            raise ResponseError(
+                f"Model '{self._spec.name}' callable returned {len(result)} responses for {count} requests"
+            )
+        return [self._check_response(response) for response in result]
+
+    def _check_response(self, response: Any) -> dict[str, np.ndarray]:
+        if isinstance(response, Request):
+            values = list(response.values())
+            if len(values) != len(self._names):
+                raise ResponseError(
+                    f"Model '{self._spec.name}' callable returned a request with {len(values)} inputs "
+                    f"as a response, but the model declares {len(self._names)} outputs"
+                )
+            response = dict(zip(self._names, values))
+        if not isinstance(response, Mapping):
+            raise ResponseError(
+                f"Model '{self._spec.name}' callable must return dicts of output name to numpy array, "
+                f"got {type(response).__name__}"
+            )
+        unknown = [name for name in response if name not in self._outputs]
+        if unknown:
+            raise ResponseError(
+                f"Model '{self._spec.name}' callable returned undeclared outputs {unknown}; "
+                f"declared outputs are {self._names}"
+            )
+        missing = [name for name in self._names if name not in response]
+        if missing:
+            raise ResponseError(f"Model '{self._spec.name}' callable did not return declared outputs {missing}")
+        return {name: self._check_array(name, response[name]) for name in self._names}
+
+    def _check_array(self, name: str, value: Any) -> np.ndarray:
+        declared = self._outputs[name]
+        if not isinstance(value, np.ndarray):
+            raise ResponseError(
+                f"Model '{self._spec.name}' output '{name}' must be a numpy array, got {type(value).__name__}"
+            )
+        if is_bytes_dtype(declared.dtype) != is_bytes_dtype(value.dtype) or value.dtype.kind not in "biufOSU":
+            raise ResponseError(
+                f"Model '{self._spec.name}' output '{name}' has dtype {value.dtype}, declared {declared.dtype}"
+            )
+        if self._spec.strict:
+            self._check_strict(name, value)
+        elif not is_bytes_dtype(value.dtype) and value.dtype != declared.dtype:
+            value = value.astype(declared.dtype)
+        return value
+
+    def _check_strict(self, name: str, value: np.ndarray) -> None:
+        declared = self._outputs[name]
+        if not is_bytes_dtype(declared.dtype) and value.dtype != declared.dtype:
+            raise ResponseError(
+                f"Model '{self._spec.name}' output '{name}' has dtype {value.dtype}, declared {declared.dtype}"
+            )
+        sample_shape = value.shape[1:] if self._spec.max_batch_size else value.shape
+        fits = len(sample_shape) == len(declared.shape) and all(
+            want in (-1, got) for want, got in zip(declared.shape, sample_shape)
+        )
+        if not fits:
+            raise ResponseError(
+                f"Model '{self._spec.name}' output '{name}' has shape {value.shape}, declared "
+                f"{'[batch] + ' if self._spec.max_batch_size else ''}{list(declared.shape)}"
+            )
+
+
+class InstanceServer(threading.Thread):
+    """Serves one proxy instance: receives its requests, runs the callable, sends the responses."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        instance: int,
+        infer_func: Callable[..., Any],
+        transport: TransportSettings,
+        *,
+        debug: bool,
+        on_unrecoverable: Callable[[BaseException], None],
+    ) -> None:
+        super().__init__(name=f"kubetriton-{spec.name}-{instance}", daemon=True)
+        self.spec = spec
+        self.instance = instance
+        self._infer_func = infer_func
+        self._transport = transport
+        self._debug = debug
+        self._on_unrecoverable = on_unrecoverable
+        self._checker = ResponseChecker(spec)
+        self._context = zmq.Context.instance()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(transport.address(spec.name, instance))
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._stopping = threading.Event()
+        self._arenas: dict[str, Arena] = {}
+        self._released_requests: list[int] = []
+        self.connections = 0
+        self.in_flight = 0
+
+    @property
+    def attached(self) -> bool:
+        """True while a proxy instance is connected to this instance's socket."""
+        return self.connections > 0
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        try:
+            while not self._stopping.is_set():
+                ready = dict(poller.poll(POLL_INTERVAL_MS))
+                if self._monitor in ready:
+                    self._track_connections()
+                if self._socket in ready:
+                    self._serve_one(self._socket.recv_multipart(copy=False))
+        finally:
+            self._socket.disable_monitor()
+            self._monitor.close(linger=0)
+            self._socket.close(linger=0)
+            for arena in self._arenas.values():
+                arena.close()
+
+    def _track_connections(self) -> None:
+        while self._monitor.poll(0):
+            event = zmq.utils.monitor.recv_monitor_message(self._monitor)["event"]
+            self.connections += 1 if event == zmq.EVENT_ACCEPTED else -1
+            self.connections = max(self.connections, 0)
+
+    def _arena(self, path: str, *, writable: bool) -> Arena:
+        arena = self._arenas.get(path)
+        if arena is None:
+            for stale in [known for known in self._arenas if known.rsplit(".", 1)[0] != path.rsplit(".", 1)[0]]:
+                self._arenas.pop(stale).close()
+            arena = self._arenas[path] = Arena(path, writable=writable)
+        return arena
+
+    def _serve_one(self, frames: list[zmq.Frame]) -> None:
+        identity = frames[0].bytes
+        header = decode_header(frames[1].buffer)
+        request_arena_path, response_arena_path = header["arenas"]
+        responses_arena = self._arena(response_arena_path, writable=True)
+        for offset in header.get("released", ()):
+            responses_arena.free(offset)
+        if "requests" not in header:
+            return
+        self.in_flight += 1
+        try:
+            data = [frame.buffer for frame in frames[2:]]
+            del frames
+            requests_arena = self._arena(request_arena_path, writable=False)
+            if header.get("decoupled"):
+                for reply_header, reply_frames in self._stream(header, data, requests_arena, responses_arena):
+                    self._send(identity, header["id"], reply_header, reply_frames)
+            else:
+                reply_header, reply_frames = self._reply(header, data, requests_arena, responses_arena)
+                self._send(identity, header["id"], reply_header, reply_frames)
+        finally:
+            self.in_flight -= 1
+
+    def _send(self, identity: bytes, message_id: int, header: dict[str, Any], frames: list[Any]) -> None:
+        header["id"] = message_id
+        count = len(self._released_requests)
+        header["released"] = self._released_requests[:count]
+        del self._released_requests[:count]
+        self._socket.send_multipart([identity, encode_header(header), *frames])
+
+    def _decode_requests(self, header: dict[str, Any], data: list[memoryview], arena: Arena) -> list[Request]:
+        requests = []
+        for entry in header["requests"]:
+            inputs = dict(decode_tensor(d, data, arena, self._released_requests.append) for d in entry["inputs"])
+            parameters = json.loads(entry["parameters"]) if entry.get("parameters") else {}
+            requests.append(Request(data=inputs, parameters=parameters, requested_output_names=entry.get("outputs")))
+        return requests
+
+    def _reply(
+        self, header: dict[str, Any], data: list[memoryview], requests_arena: Arena, responses_arena: Arena
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """The one reply of a non-decoupled model. Returning drops every reference to the inputs."""
+        try:
+            result = self._call(self._decode_requests(header, data, requests_arena))
+            if inspect.isgenerator(result) or inspect.isasyncgen(result):
+                raise ResponseError(
+                    f"Model '{self.spec.name}' callable is a generator; bind it with "
+                    "ModelConfig(decoupled=True) to stream responses"
+                )
+            return self._encode_responses(self._checker.check(result, len(header["requests"])), responses_arena)
+        except Exception as error:
+            return self._error_reply(error), []
+
+    def _stream(
+        self, header: dict[str, Any], data: list[memoryview], requests_arena: Arena, responses_arena: Arena
+    ) -> Iterator[tuple[dict[str, Any], list[Any]]]:
+        """The replies of a decoupled model: one per yielded item, then a final message."""
+        count = len(header["requests"])
+        try:
+            result = self._call(self._decode_requests(header, data, requests_arena))
+            items = _iterate(result) if inspect.isgenerator(result) or inspect.isasyncgen(result) else [result]
+            for item in items:
+                yield self._encode_responses(self._checker.check(item, count), responses_arena)
+        except Exception as error:
+            yield self._error_reply(error), []
+            return
+        yield {"final": True}, []
+
+    def _error_reply(self, error: Exception) -> dict[str, Any]:
+        LOGGER.warning("Model %s instance %d: %s", self.spec.name, self.instance, error, exc_info=self._debug)
+        if isinstance(error, PyTritonUnrecoverableError):
+            self._on_unrecoverable(error)
+        return {"error": format_error(error, debug=self._debug), "final": True}
+
+    def _call(self, requests: list[Request]) -> Any:
+        result = self._infer_func(requests)
+        if inspect.isawaitable(result):
+            result = _EventLoopThread.run(result)
+        return result
+
+    def _encode_responses(
+        self, responses: Sequence[dict[str, np.ndarray]], arena: Arena
+    ) -> tuple[dict[str, Any], list[Any]]:
+        frames: list[Any] = []
+        allocated: list[int] = []
+        encoded = []
+        try:
+            for response in responses:
+                outputs = []
+                for name, array in response.items():
+                    descriptor = encode_tensor(name, array, frames, arena, self._transport.inline_limit)
+                    if descriptor[3] == "a":
+                        allocated.append(descriptor[4])
+                    outputs.append(descriptor)
+                encoded.append({"outputs": outputs})
+        except ArenaFullError as error:
+            for offset in allocated:
+                arena.free(offset)
+            raise ArenaFullError(f"Model '{self.spec.name}' response does not fit: {error}") from None
+        return {"responses": encoded}, frames
+
+
+def _iterate(result: Any) -> Iterator[Any]:
+    if inspect.isasyncgen(result):
+        while True:
+            try:
+                yield _EventLoopThread.next_item(result)
+            except StopAsyncIteration:
+                return
+    else:
+        yield from result
+
+
+class ModelWorker:
+    """The instance servers of one bound model."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        infer_funcs: Sequence[Callable[..., Any]],
+        transport: TransportSettings,
+        *,
+        debug: bool,
+        on_unrecoverable: Callable[[BaseException], None],
+    ) -> None:
+        self.spec = spec
+        self.instances = [
+            InstanceServer(spec, index, func, transport, debug=debug, on_unrecoverable=on_unrecoverable)
+            for index, func in enumerate(infer_funcs)
+        ]
+
+    def start(self) -> None:
+        for instance in self.instances:
+            instance.start()
+
+    @property
+    def attached(self) -> bool:
+        return all(instance.attached for instance in self.instances)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(instance.in_flight for instance in self.instances)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        for instance in self.instances:
+            instance.stop()
+        for instance in self.instances:
+            if instance.is_alive():
+                instance.join(timeout_s)
