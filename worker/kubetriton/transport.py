@@ -7,7 +7,8 @@ it is larger than the inline limit, through an `Arena`: a bounded, pre-sized sha
 Each proxy instance owns two arenas: the request arena, which only the proxy allocates in and the
 worker maps read-only, and the response arena, which only the worker allocates in and the proxy maps
 read-only. A block is freed by its allocator only when the reader reports it released, so a callable
-may keep an input array after it returns: the block stays pinned until the array is garbage-collected.
+may keep an input array after it returns: the block stays pinned until the array is garbage-collected,
+and later requests never overwrite it.
 
 This module runs in the worker and inside the stock Triton image, so it depends on numpy alone and is
 valid Python 3.10.
@@ -61,7 +62,8 @@ class Arena:
         finally:
             os.close(fd)
         self.path = path
-        self.buffer = np.frombuffer(self._mmap, np.uint8) if self._mmap else np.empty(0, np.uint8)
+        self.memory = memoryview(self._mmap) if self._mmap else memoryview(b"")
+        self.buffer = np.frombuffer(self.memory, np.uint8)
         self._free_starts: list[int] = [0] if self.size else []
         self._free_lengths: dict[int, int] = {0: self.size} if self.size else {}
         self._used: dict[int, int] = {}
@@ -118,6 +120,7 @@ class Arena:
 
     def close(self, *, unlink: bool = False) -> None:
         self.buffer = np.empty(0, np.uint8)
+        self.memory.release()
         if self._mmap is not None:
             try:
                 self._mmap.close()
@@ -129,14 +132,6 @@ class Arena:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
-
-
-class _ArenaBlock(np.ndarray):
-    """Marks the owner of an arena block: numpy stops collapsing view bases at a type change.
-
-    Every array derived from a block keeps the block alive, so a finalizer on the block fires exactly
-    when the last such array is gone, however many views the callable made or kept.
-    """
 
 
 def encode_header(header: dict[str, Any]) -> bytes:
@@ -222,9 +217,10 @@ def decode_tensor(
         offset, nbytes = descriptor[4], descriptor[5]
         buffer = arena.buffer[offset : offset + nbytes]
         if on_release is not None and dtype != BYTES:
-            block = buffer.view(_ArenaBlock)
-            weakref.finalize(block, on_release, offset)
-            buffer = block.view(type=np.ndarray)
+            # numpy collapses a view's base down to the first non-array object, so every array derived
+            # from this block keeps it alive: the finalizer fires when the last of them is gone.
+            buffer = np.frombuffer(arena.memory[offset : offset + nbytes], np.uint8)
+            weakref.finalize(buffer, on_release, offset)
         elif on_release is not None:
             on_release(offset)  # strings are copied out below, so the block is free at once
     if dtype == BYTES:
