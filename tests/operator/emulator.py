@@ -1,7 +1,9 @@
 """A Kubernetes API emulator that kopf and the operator can run against: kmock's, with what it lacks.
 
 kmock 0.8's `KubernetesEmulator` stores objects and streams watch events, but kopf needs more of the
-API server's bookkeeping. This subclass adds it:
+API server's bookkeeping, and kmock matches every request against every recorded one, which a few
+thousand requests turn into minutes. This subclass serves requests on objects itself, from kmock's
+object store (so `objects` and the recorded requests stay available to assertions), and adds:
 
 - `uid`, `creationTimestamp`, `generation` on create (and a name from `generateName`), and one
   cluster-wide `resourceVersion` counter stamped on every change and watch event, deletions included;
@@ -22,9 +24,10 @@ import collections
 import copy
 import datetime
 import itertools
+import json
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp.web
@@ -111,6 +114,19 @@ def _version(event: dict[str, Any]) -> int:
     return int(event["object"]["metadata"]["resourceVersion"])
 
 
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: `patch` merged into `target`, null meaning removal."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge_patch(result.get(key), value)
+    return result
+
+
 def _merge_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """The JSON merge patch that turns `old` into `new`."""
     diff: dict[str, Any] = {key: None for key in old if key not in new}
@@ -128,10 +144,26 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_OBJECT_ACTIONS = {
+    enums.action.CREATE,
+    enums.action.FETCH,
+    enums.action.LIST,
+    enums.action.WATCH,
+    enums.action.UPDATE,
+    enums.action.DELETE,
+}
+
+
 @attrs.define(kw_only=True)
 class ClusterEmulator(kmock.KubernetesEmulator):
-    """kmock's emulator with the API server bookkeeping kopf relies on."""
+    """kmock's emulator with the API server bookkeeping kopf relies on.
 
+    Requests on objects are served here directly from kmock's object store; kmock's own reaction
+    matching, which compares each request with every recorded one, serves discovery only.
+    """
+
+    record_requests: bool = True
+    """Keep every finished request for assertions; a long benchmark keeps only those in flight."""
     _clock: _Clock = attrs.field(factory=_Clock, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -141,6 +173,24 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         for key, info in RESOURCES.items():
             self.resources[key] = info
 
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        try:
+            resource = request.resource
+            if resource is None or resource.plural is None or request.action not in _OBJECT_ACTIONS:
+                return await super()._handle(request)
+            serve = {
+                enums.action.CREATE: self._create,
+                enums.action.FETCH: self._fetch,
+                enums.action.LIST: self._list,
+                enums.action.WATCH: self._watch,
+                enums.action.UPDATE: self._update,
+                enums.action.DELETE: self._delete,
+            }[request.action]
+            return await serve(request)
+        finally:
+            if not self.record_requests:
+                self._requests.remove(request)
+
     @staticmethod
     def _content_type(request: rendering.Request) -> str:
         return next((v for k, v in request.headers.items() if k.lower() == "content-type"), "").split(";")[0]
@@ -148,6 +198,12 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     def _stored(self, request: rendering.Request) -> kmock.Object | None:
         key = (request.resource, request.namespace, request.name)
         return self._objects[key] if key in self._objects and not self._objects[key].deleted else None
+
+    def _existing(self, request: rendering.Request) -> kmock.Object:
+        stored = self._stored(request)
+        if stored is None:
+            raise kmock.KubernetesObjectNotFoundError()
+        return stored
 
     @staticmethod
     def _stamp_new(data: dict[str, Any], namespace: str | None) -> None:
@@ -160,69 +216,79 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if namespace:
             metadata.setdefault("namespace", namespace)
 
-    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
-        if (
-            request.resource is not None
-            and request.action == enums.action.CREATE
-            and isinstance(request.data, dict)
-        ):
-            self._stamp_new(request.data, request.namespace)
-        elif request.resource is not None and request.action == enums.action.UPDATE:
-            content_type = self._content_type(request)
-            if content_type == "application/json-patch+json":
-                return await self._json_patch(request)
-            if content_type == "application/apply-patch+yaml":
-                return await self._apply(request)
-            stored = self._stored(request)
-            if stored is not None and request.subresource is None and "spec" in (request.data or {}):
-                generation = stored.get("metadata", {}).get("generation", 1)
-                request.data.setdefault("metadata", {})["generation"] = generation + 1
-        return await super()._handle(request)
-
     async def _publish(
-        self, request: rendering.Request, event_type: str, obj: kmock.Object
+        self, request: rendering.Request, event_type: str, raw: dict[str, Any]
     ) -> dict[str, Any]:
         assert request.resource is not None
-        await self._buses[request.resource].put({"type": event_type, "object": obj.raw})
-        return obj.raw
+        await self._buses[request.resource].put({"type": event_type, "object": raw})
+        return raw
 
-    async def _json_patch(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+    async def _settle(self, request: rendering.Request, stored: kmock.Object) -> dict[str, Any]:
+        """Publish a change; an object marked for deletion goes once its last finalizer has."""
+        metadata = stored.raw.get("metadata", {})
+        if metadata.get("deletionTimestamp") and not metadata.get("finalizers"):
+            raw = copy.deepcopy(stored.raw)
+            stored.delete()
+            return await self._publish(request, "DELETED", raw)
+        return await self._publish(request, "MODIFIED", stored.raw)
+
+    def _create_locked(self, request: rendering.Request) -> kmock.Object:
+        data = copy.deepcopy(request.data)
+        self._stamp_new(data, request.namespace)
+        key = (request.resource, request.namespace, data["metadata"]["name"])
+        if key in self._objects and not self._objects[key].deleted:
+            raise kmock.KubernetesError(
+                status=409, reason="AlreadyExists", message=f"{key[2]} already exists"
+            )
+        if key in self._objects:
+            self._objects[key].create(data)
+        else:
+            self._objects[key] = data
+        return self._objects[key]
+
+    async def _create(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         async with self._lock:
-            stored = self._stored(request)
-            if stored is None:
-                raise kmock.KubernetesObjectNotFoundError()
+            body = await self._publish(request, "ADDED", self._create_locked(request).raw)
+        return aiohttp.web.json_response(body, status=201)
+
+    async def _fetch(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        return aiohttp.web.json_response(self._existing(request).raw)
+
+    async def _update(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        content_type = self._content_type(request)
+        async with self._lock:
+            if self._stored(request) is None and content_type == "application/apply-patch+yaml":
+                body = await self._publish(request, "ADDED", self._create_locked(request).raw)
+                return aiohttp.web.json_response(body, status=201)
+            stored = self._existing(request)
             before = copy.deepcopy(stored.raw)
-            try:
-                after = jsonpatch.apply_patch(before, request.data)
-            except jsonpatch.JsonPatchTestFailed as error:
-                raise kmock.KubernetesError(status=422, reason="Invalid", message=str(error)) from error
-            if request.subresource is None and after.get("spec") != stored.raw.get("spec"):
-                after.setdefault("metadata", {})["generation"] = (
-                    stored.raw["metadata"].get("generation", 1) + 1
-                )
-            stored.patch(_merge_diff(stored.raw, after))
-            body = await self._publish(request, "MODIFIED", stored)
+            if content_type == "application/json-patch+json":
+                try:
+                    after = jsonpatch.apply_patch(copy.deepcopy(before), request.data)
+                except jsonpatch.JsonPatchTestFailed as error:
+                    raise kmock.KubernetesError(status=422, reason="Invalid", message=str(error)) from error
+            else:
+                after = _merge_patch(copy.deepcopy(before), request.data)
+            if request.subresource == "status":
+                after = {**before, "status": after.get("status")}
+            elif after.get("spec") != before.get("spec"):
+                after["metadata"]["generation"] = before["metadata"].get("generation", 1) + 1
+            stored.patch(_merge_diff(before, after))
+            body = await self._settle(request, stored)
         return aiohttp.web.json_response(body)
 
-    async def _apply(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+    async def _delete(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         async with self._lock:
-            stored = self._stored(request)
-            applied = copy.deepcopy(request.data)
-            if stored is None:
-                self._stamp_new(applied, request.namespace)
-                key = (request.resource, request.namespace, request.name)
-                if key in self._objects:
-                    self._objects[key].create(applied)
-                else:
-                    self._objects[key] = applied
-                body = await self._publish(request, "ADDED", self._objects[key])
+            stored = self._existing(request)
+            metadata = stored.raw.get("metadata", {})
+            if metadata.get("finalizers") and not metadata.get("deletionTimestamp"):
+                stored.patch({"metadata": {"deletionTimestamp": _now()}})
+                body = await self._publish(request, "MODIFIED", stored.raw)
+            elif metadata.get("finalizers"):
+                body = stored.raw
             else:
-                changes_spec = "spec" in applied and _merge_diff(stored.raw.get("spec", {}), applied["spec"])
-                if changes_spec:
-                    generation = stored.raw["metadata"].get("generation", 1) + 1
-                    applied.setdefault("metadata", {})["generation"] = generation
-                stored.patch(applied)
-                body = await self._publish(request, "MODIFIED", stored)
+                stored.patch({"metadata": {"deletionTimestamp": _now()}})
+                body = await self._settle(request, stored)
         return aiohttp.web.json_response(body)
 
     def _matching(self, request: rendering.Request) -> list[dict[str, Any]]:
@@ -233,15 +299,17 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             if request.namespace is None or namespace == request.namespace
         ]
 
-    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
-        if request.resource not in self._get_resources():
-            raise kmock.KubernetesResourceNotFoundError()
+    async def _list(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         async with self._lock:
-            return {"metadata": {"resourceVersion": str(self._clock.now)}, "items": self._matching(request)}
+            items = self._matching(request)
+            version = str(self._clock.now)
+        return aiohttp.web.json_response({"metadata": {"resourceVersion": version}, "items": items})
 
-    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
-        yield b""
-        assert request.resource is not None
+    async def _watch(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        """Subscribe first, then replay, then stream what came after the replay."""
+        assert request.resource is not None and request._raw_request is not None
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request._raw_request)
         bus = self._buses[request.resource]
         since = request.params.get("resourceVersion", "")
         marker = await bus.mark()
@@ -254,12 +322,13 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 horizon = self._clock.now
             for event in backlog:
                 if self._in_scope(request, event):
-                    yield event
+                    await response.write(json.dumps(event).encode() + b"\n")
             async for event in bus.stream(since=marker):
                 if _version(event) > horizon and self._in_scope(request, event):
-                    yield event
+                    await response.write(json.dumps(event).encode() + b"\n")
         finally:
             await bus.unmark(marker)
+        return response
 
     @staticmethod
     def _in_scope(request: rendering.Request, event: dict[str, Any]) -> bool:
