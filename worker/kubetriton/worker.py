@@ -297,7 +297,8 @@ class InstanceServer(threading.Thread):
         requests = []
         for entry in header["requests"]:
             inputs = dict(decode_tensor(d, data, arena, self._released_requests.append) for d in entry["inputs"])
-            parameters = json.loads(entry["parameters"]) if entry.get("parameters") else {}
+            raw = entry.get("parameters")
+            parameters = json.loads(raw) if raw and raw != "{}" else {}
             requests.append(Request(data=inputs, parameters=parameters, requested_output_names=entry.get("outputs")))
         return requests
 

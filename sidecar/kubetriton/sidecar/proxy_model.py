@@ -63,7 +63,7 @@ class TritonPythonModel:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.IMMEDIATE, 1)
         self._socket.connect(parameters[PARAM_ADDRESS].format(instance=instance))
-        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._poller = zmq.Poller()
         self._poller.register(self._socket, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
@@ -123,13 +123,12 @@ class TritonPythonModel:
                     {
                         "inputs": inputs,
                         "parameters": request.parameters(),
-                        "outputs": sorted(request.requested_output_names()),
+                        "outputs": sorted(request.requested_output_names()) or None,
                     }
                 )
         except ArenaFullError as error:
             self._free_requests(allocated)
             raise ArenaFullError(f"Request to model '{self._model}' is too large: {error}") from None
-        self._drain_monitor()
         self._next_id += 1
         header = {
             "id": self._next_id,
@@ -158,17 +157,24 @@ class TritonPythonModel:
                     self._requests_arena.free(offset)
                 if header.get("id") == message_id:
                     return header, [frame.buffer for frame in frames[1:]]
-            elif self._monitor in ready:
-                zmq.utils.monitor.recv_monitor_message(self._monitor)
-                self._forget_worker()
+            elif self._monitor in ready and not self._still_connected():
                 raise WorkerUnavailableError(
                     f"The worker of model '{self._model}' went away while the request was in flight"
                 )
 
-    def _drain_monitor(self) -> None:
+    def _still_connected(self) -> bool:
+        """Consume pending connection events; False when the last one says the worker disconnected.
+
+        A disconnect followed by a connect is a worker that restarted before this request was sent,
+        so the request went to the new worker and its reply is still to come.
+        """
+        connected = True
         while self._monitor.poll(0):
-            zmq.utils.monitor.recv_monitor_message(self._monitor)
-            self._forget_worker()
+            event = zmq.utils.monitor.recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_DISCONNECTED:
+                self._forget_worker()
+            connected = event == zmq.EVENT_CONNECTED
+        return connected
 
     def _forget_worker(self) -> None:
         """A worker that went away released every block it held, and took its response arena state along."""

@@ -1,0 +1,239 @@
+"""Data-path benchmark: kubetriton local mode against the limit, a plain Python-backend model in Triton.
+
+Both sides run in the same tritonserver binary with the same arguments, one after the other, and answer
+the same workloads through the same tritonclient calls, made from a separate client process:
+
+  W1  [1,16] float32, sequential: p50 and p99 latency over HTTP and gRPC
+  W2  16 concurrent gRPC clients, dynamic batching: requests per second
+  W3  16 MiB and 64 MiB float32 round trips over HTTP: MB/s
+  W4  32 strings of about 400 bytes, echoed, sequential over HTTP: p50 latency
+
+Usage: python bench/data_path.py [--quick] [--json results.json]
+It prints every figure and the ratio kubetriton / limit (for latency, lower is better).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import secrets
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from kubetriton.podenv import REPOSITORY_TOKEN_HEADER
+from kubetriton.server import LocalTritonServer
+from kubetriton.triton_home import locate
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig
+
+HTTP, GRPC, METRICS = 18500, 18501, 18502
+MAX_BATCH = 64
+
+NATIVE_DOUBLE = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x * 2)]))
+        return responses
+'''
+NATIVE_ECHO = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "text").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("out", text)]))
+        return responses
+'''
+
+
+def native_config(name: str, input_name: str, output_name: str, data_type: str) -> str:
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {MAX_BATCH}\n'
+        "dynamic_batching { max_queue_delay_microseconds: 0 }\n"
+        "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+        f'input [ {{ name: "{input_name}" data_type: {data_type} dims: [ -1 ] }} ]\n'
+        f'output [ {{ name: "{output_name}" data_type: {data_type} dims: [ -1 ] }} ]\n'
+    )
+
+
+def double(requests):
+    return [{"y": request["x"] * 2} for request in requests]
+
+
+def echo(requests):
+    return [{"out": request["text"]} for request in requests]
+
+
+def http_input(name: str, array: np.ndarray, module=httpclient):
+    dtype = "BYTES" if array.dtype == object else "FP32"
+    tensor = module.InferInput(name, list(array.shape), dtype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def timed(call: Callable[[], object], count: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        call()
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def run_workloads(models: dict[str, str], quick: bool) -> dict[str, float]:
+    """Every workload against one server, from a client process of its own (as real clients are)."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(client_workloads, (models, quick))
+
+
+def client_workloads(models: dict[str, str], quick: bool) -> dict[str, float]:
+    """Every workload against one server; `models` maps double/echo to the model names to query."""
+    figures: dict[str, float] = {}
+    count = 300 if quick else 2000
+    x16 = np.ones((1, 16), np.float32)
+
+    http = httpclient.InferenceServerClient(f"localhost:{HTTP}")
+    grpc = grpcclient.InferenceServerClient(f"localhost:{GRPC}")
+    try:
+        for protocol, client, module in (("http", http, httpclient), ("grpc", grpc, grpcclient)):
+            inputs = [http_input("x", x16, module)]
+            samples = timed(lambda: client.infer(models["double"], inputs), count, count // 10)
+            figures[f"W1 {protocol} p50 ms"] = statistics.quantiles(samples, n=100)[49] * 1000
+            figures[f"W1 {protocol} p99 ms"] = statistics.quantiles(samples, n=100)[98] * 1000
+
+        figures["W2 16 clients req/s"] = concurrent_throughput(models["double"], 2.0 if quick else 6.0)
+
+        for mib in (16, 64):
+            big = np.random.default_rng(mib).standard_normal((1, mib * 1024 * 1024 // 4)).astype(np.float32)
+            inputs = [http_input("x", big)]
+            outputs = [httpclient.InferRequestedOutput("y", binary_data=True)]
+            rounds = 3 if quick else 10
+            samples = timed(lambda: http.infer(models["double"], inputs, outputs=outputs), rounds, 2)
+            figures[f"W3 {mib} MiB MB/s"] = (2 * big.nbytes / 1e6) / statistics.median(samples)
+
+        strings = np.array([[secrets.token_bytes(400) for _ in range(32)]], dtype=object)
+        inputs = [http_input("text", strings)]
+        samples = timed(lambda: http.infer(models["echo"], inputs), count // 2, count // 20)
+        figures["W4 strings p50 ms"] = statistics.median(samples) * 1000
+    finally:
+        http.close()
+        grpc.close()
+    return figures
+
+
+def concurrent_throughput(model: str, seconds: float, clients: int = 16) -> float:
+    done = [0] * clients
+    stop = threading.Event()
+
+    def loop(index: int) -> None:
+        client = grpcclient.InferenceServerClient(f"localhost:{GRPC}")
+        inputs = [http_input("x", np.ones((1, 16), np.float32), grpcclient)]
+        try:
+            while not stop.is_set():
+                client.infer(model, inputs)
+                done[index] += 1
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=loop, args=(index,)) for index in range(clients)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    start_count, start = sum(done), time.perf_counter()
+    time.sleep(seconds)
+    rate = (sum(done) - start_count) / (time.perf_counter() - start)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    return rate
+
+
+def measure_limit(quick: bool) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="kubetriton-bench-") as workspace:
+        repository = Path(workspace) / "models"
+        for name, source, config in (
+            ("native_double", NATIVE_DOUBLE, native_config("native_double", "x", "y", "TYPE_FP32")),
+            ("native_echo", NATIVE_ECHO, native_config("native_echo", "text", "out", "TYPE_STRING")),
+        ):
+            (repository / name / "1").mkdir(parents=True)
+            (repository / name / "1" / "model.py").write_text(source)
+            (repository / name / "config.pbtxt").write_text(config)
+        token = secrets.token_urlsafe(16)
+        server = LocalTritonServer(
+            locate(),
+            model_repository=repository,
+            repository_token=token,
+            shm_prefix=f"/dev/shm/kubetriton-bench-{secrets.token_hex(4)}",
+            log_path=Path(workspace) / "tritonserver.log",
+            http_port=HTTP,
+            grpc_port=GRPC,
+            metrics_port=METRICS,
+            exit_timeout_s=5,
+            log_verbose=0,
+            extra_args=[],
+        )
+        server.start()
+        try:
+            control = httpclient.InferenceServerClient(f"localhost:{HTTP}")
+            for name in ("native_double", "native_echo"):
+                control.load_model(name, headers={REPOSITORY_TOKEN_HEADER: token})
+            control.close()
+            return run_workloads({"double": "native_double", "echo": "native_echo"}, quick)
+        finally:
+            server.stop()
+
+
+def measure_kubetriton(quick: bool) -> dict[str, float]:
+    config = TritonConfig(http_port=HTTP, grpc_port=GRPC, metrics_port=METRICS, exit_timeout_secs=5)
+    batching = ModelConfig(max_batch_size=MAX_BATCH)
+    with Triton(config=config) as triton:
+        triton.bind(
+            "double",
+            double,
+            [Tensor(name="x", shape=(-1,), dtype=np.float32)],
+            [Tensor(name="y", shape=(-1,), dtype=np.float32)],
+            config=batching,
+        )
+        triton.bind(
+            "echo", echo, [Tensor(name="text", shape=(-1,), dtype=bytes)], [Tensor(name="out", shape=(-1,), dtype=bytes)],
+            config=batching,
+        )
+        return run_workloads({"double": "double", "echo": "echo"}, quick)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer samples, for a smoke run")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    limit = measure_limit(args.quick)
+    ours = measure_kubetriton(args.quick)
+    print(f"{'figure':<22}{'limit':>12}{'kubetriton':>12}{'ratio':>8}")
+    for key, value in limit.items():
+        print(f"{key:<22}{value:>12.3f}{ours[key]:>12.3f}{ours[key] / value:>8.2f}")
+    if args.json:
+        args.json.write_text(json.dumps({"limit": limit, "kubetriton": ours}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
