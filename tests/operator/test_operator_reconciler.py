@@ -12,7 +12,8 @@ import pytest
 from conftest import eventually
 from crd_check import admit, load_schema
 from emulator import ClusterEmulator, OperatorThread
-from kubetriton.operator import naming
+from kubetriton.operator import children, naming
+from kubetriton.operator.spec import PyTritonModel
 
 pytestmark = pytest.mark.asyncio
 
@@ -37,12 +38,14 @@ async def request(cluster: ClusterEmulator, method: str, path: str, body: Any, c
         return payload
 
 
-async def create_model(cluster: ClusterEmulator, document: dict[str, Any], *, admitted: bool = True) -> dict:
+async def create_model(
+    cluster: ClusterEmulator, document: dict[str, Any], *, admitted: bool = True, namespace: str = "default"
+) -> dict:
     """Create a model as the API server would store it: defaulted, and validated unless told otherwise."""
     if admitted:
         document, errors = admit(document)
         assert errors == []
-    return await request(cluster, "POST", MODELS.format(ns="default"), document, "application/json")
+    return await request(cluster, "POST", MODELS.format(ns=namespace), document, "application/json")
 
 
 async def patch(cluster: ClusterEmulator, path: str, changes: dict[str, Any]) -> dict:
@@ -117,6 +120,11 @@ async def test_create_applies_children_owned_by_the_model(
     }
     jsonschema.validate(status, load_schema()["properties"]["status"])
     assert "finalizers" not in model(cluster, "identity")["metadata"]
+
+    rendered = children.desired(
+        PyTritonModel.model_validate(admit(model_document("identity"))[0]), service_monitor=False
+    )
+    assert [deployment["spec"], service["spec"]] == [child["spec"] for child in rendered]
 
 
 async def test_ready_follows_the_deployment(cluster: ClusterEmulator, start_operator: StartOperator):

@@ -1,8 +1,9 @@
 """The operator's RBAC rules: the one list that the manifest and the Helm chart are written from.
 
 Each rule names only the verbs the operator uses. Server-side apply needs `create` and `patch`;
-kopf needs `list` and `watch` on what it watches or indexes, `patch` on the models for its
-annotations, and the CRD and namespace watches for its own discovery.
+kopf needs `list` and `watch` on what it watches or indexes and `patch` on the models for its
+annotations. Reading CRDs tells whether ServiceMonitors exist; listing and watching CRDs and
+namespaces serves kopf's scanning, which runs when the operator watches namespace patterns.
 """
 
 from __future__ import annotations
