@@ -263,7 +263,7 @@ def test_volumes_and_mounts() -> None:
     pod_spec = _deployment(gpus={"count": 2})["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod_spec["volumes"]}
     assert volumes["workspace"] == {"name": "workspace", "emptyDir": {}}
-    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "576Mi"}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1088Mi"}
     mounts = {
         name: {m["mountPath"] for m in c["volumeMounts"]}
         for name, c in _containers({"spec": {"template": {"spec": pod_spec}}}).items()

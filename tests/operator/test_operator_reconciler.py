@@ -149,7 +149,10 @@ async def test_ready_follows_the_deployment(cluster: ClusterEmulator, start_oper
     )
     assert ready
     assert model(cluster, "identity")["status"]["readyReplicas"] == 1
-    await eventually(lambda: events(cluster, "AllReplicasReady"), message="an event saying it is ready")
+    announced = await eventually(
+        lambda: events(cluster, "AllReplicasReady"), message="an event saying it is ready"
+    )
+    assert announced[0]["type"] == "Normal"
 
 
 async def test_spec_changes_reach_the_children(cluster: ClusterEmulator, start_operator: StartOperator):

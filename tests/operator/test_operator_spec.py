@@ -118,11 +118,24 @@ def test_misspelt_fields_are_rejected_by_render_and_unknown_to_the_schema() -> N
 
 
 @pytest.mark.parametrize(
-    ("gpus", "explicit", "expected"),
-    [(0, None, "320Mi"), (1, None, "320Mi"), (2, None, "576Mi"), (2, "2Gi", "2Gi")],
+    ("models", "gpus", "explicit", "expected"),
+    [
+        (["Identity"], 0, None, "576Mi"),
+        (["Identity"], 1, None, "576Mi"),
+        (["Identity"], 2, None, "1088Mi"),
+        (["Encoder", "Decoder"], 1, None, "1088Mi"),
+        (["Identity"], 2, "2Gi", "2Gi"),
+    ],
 )
-def test_shared_memory_is_derived_unless_set(gpus: int, explicit: str | None, expected: str) -> None:
+def test_shared_memory_is_derived_unless_set(
+    models: list[str], gpus: int, explicit: str | None, expected: str
+) -> None:
     model_spec = spec.PyTritonModelSpec.model_validate(
-        {**BASE["spec"], "gpus": {"count": gpus}, **({"sharedMemory": explicit} if explicit else {})}
+        {
+            **BASE["spec"],
+            "models": models,
+            "gpus": {"count": gpus},
+            **({"sharedMemory": explicit} if explicit else {}),
+        }
     )
     assert model_spec.shared_memory_limit == expected

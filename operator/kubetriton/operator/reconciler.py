@@ -106,18 +106,16 @@ class Reconciler:
             "kind": owner["kind"],
             "metadata": {key: owner["metadata"].get(key) for key in ("name", "namespace", "uid")},
         }
-        event_type = (
-            "Normal"
-            if new["status"] == "True" or new["reason"] in ("Creating", "ReplicasNotReady")
-            else "Warning"
-        )
+        degraded = next(c for c in after if c["type"] == status.DEGRADED)
+        event_type = "Warning" if degraded["status"] == "True" else "Normal"
         kopf.event(ref, type=event_type, reason=new["reason"], message=new["message"] or new["reason"])
 
-    async def _apply_children(self, model: PyTritonModel, owner: Mapping[str, Any]) -> list[str]:
+    async def _apply_children(self, model: PyTritonModel, owner: Mapping[str, Any]) -> str:
+        """Apply the wanted children, delete the unwanted ones; say what was done."""
         monitor = await self.api.exists(
             CRD_API_VERSION, "customresourcedefinitions", None, children.SERVICE_MONITOR_CRD
         )
-        applied = []
+        applied, deleted = [], []
         for child in children.desired(model, service_monitor=monitor):
             kopf.append_owner_reference(child, owner=owner)
             await self.api.apply(child, children.kind_of(child).plural)
@@ -126,8 +124,8 @@ class Reconciler:
             if await self.api.delete(
                 kind.api_version, kind.plural, model.metadata.namespace or "", model.metadata.name
             ):
-                applied.append(f"-{kind.kind}")
-        return applied
+                deleted.append(kind.kind)
+        return f"applied {', '.join(applied)}" + (f"; deleted {', '.join(deleted)}" if deleted else "")
 
     async def reconcile(
         self,
@@ -154,7 +152,7 @@ class Reconciler:
             )
             return
         try:
-            applied = await self._apply_children(model, owner)
+            outcome = await self._apply_children(model, owner)
         except KubeError as error:
             await self.publish(
                 owner,
@@ -164,7 +162,7 @@ class Reconciler:
             raise kopf.TemporaryError(
                 f"applying children failed: {error}", delay=RETRY_DELAY_SECONDS
             ) from error
-        logger.info(f"applied {', '.join(applied)}")
+        logger.info(outcome)
         key = (namespace, name)
         pods = [pod for pod in model_pods.get(key, ())]
         summary = status.summarize(model, _first(model_deployments, key), pods)

@@ -31,6 +31,8 @@ OBJECT_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 OBJECT_NAME_MAX_LENGTH = 63
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 
+ARENAS_PER_INSTANCE = 2
+"""A model instance's proxy maps one arena for requests and one for responses."""
 SHM_HEADROOM_BYTES = 64 * 1024 * 1024
 """Room in /dev/shm beyond the worker's arenas, for the Python backend's own shared memory."""
 
@@ -189,7 +191,7 @@ class PyTritonModelSpec(_Model):
     autoscaling: AutoscalingSpec | None = None
     gpus: Annotated[GpuSpec, Field(default_factory=GpuSpec, json_schema_extra={"default": {}})]
     shared_memory: Annotated[str | None, Field(pattern=QUANTITY_PATTERN)] = None
-    """Size limit of the /dev/shm volume; derived from the GPU count and the arena size when unset."""
+    """Size limit of the /dev/shm volume; derived from models, GPUs and the arena size when unset."""
     scheduling: Annotated[
         SchedulingSpec, Field(default_factory=SchedulingSpec, json_schema_extra={"default": {}})
     ]
@@ -223,10 +225,15 @@ class PyTritonModelSpec(_Model):
 
     @property
     def shared_memory_limit(self) -> str:
-        """The /dev/shm size: the explicit one, or one arena per GPU (at least one) plus headroom."""
+        """The /dev/shm size: the explicit one, or enough for every model instance's arenas.
+
+        Each model instance maps a request and a response arena of the default arena size; the
+        default assumes one instance of each declared model per GPU (at least one), plus headroom.
+        """
         if self.shared_memory is not None:
             return self.shared_memory
-        total = max(1, self.gpus.count) * podenv.DEFAULT_ARENA_BYTES + SHM_HEADROOM_BYTES
+        instances = len(self.models) * max(1, self.gpus.count)
+        total = ARENAS_PER_INSTANCE * podenv.DEFAULT_ARENA_BYTES * instances + SHM_HEADROOM_BYTES
         return f"{total // (1024 * 1024)}Mi"
 
 
