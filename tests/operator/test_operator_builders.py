@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 import stat
@@ -14,6 +15,7 @@ import pytest
 from kubetriton import podenv
 from kubetriton.operator import children, pod
 from kubetriton.operator.spec import PyTritonModel
+from kubetriton.sidecar import bootstrap as sidecar_bootstrap
 
 KUBERNETES_VERSION = "1.37.0"
 
@@ -155,9 +157,25 @@ def test_bootstrap_runs_before_the_native_sidecar() -> None:
     bootstrap, triton = pod_spec["initContainers"]
     assert bootstrap["image"] == "registry.example.com/esm1:1"
     assert bootstrap["command"] == ["kubetriton", "bootstrap"]
+    assert bootstrap["volumeMounts"] == [{"name": "workspace", "mountPath": podenv.WORKSPACE_MOUNT}]
     assert "restartPolicy" not in bootstrap
     assert triton["restartPolicy"] == "Always"
     assert [c["name"] for c in pod_spec["containers"]] == ["worker"]
+
+
+@pytest.mark.parametrize("image", [podenv.TRITON_IMAGE, "nvcr.io/nvidia/tritonserver:25.01-py3"])
+def test_bootstrap_prepares_the_runtime_for_the_sidecar_image(image: str) -> None:
+    containers = _containers(_deployment(triton={"image": image}))
+    env = {e["name"]: e["value"] for e in containers["bootstrap"]["env"]}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        arguments = argparse.ArgumentParser()
+        sidecar_bootstrap.add_arguments(arguments)
+        parsed = arguments.parse_args([])
+    assert parsed.triton_image == containers["triton"]["image"] == image
+    assert str(parsed.workspace) == podenv.WORKSPACE_MOUNT
+    assert sidecar_bootstrap.sidecar_python(parsed.triton_image)
 
 
 def test_triton_sidecar_is_the_stock_image_without_a_gpu() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from kubetriton import podenv
 from kubetriton.operator import naming
 from kubetriton.operator.spec import PyTritonModel, PyTritonModelSpec
+from kubetriton.sidecar import bootstrap
 
 BOOTSTRAP_CONTAINER = "bootstrap"
 TRITON_CONTAINER = "triton"
@@ -64,7 +65,11 @@ def _bootstrap_container(spec: PyTritonModelSpec) -> dict[str, Any]:
         "name": BOOTSTRAP_CONTAINER,
         "image": spec.worker.image,
         "command": ["kubetriton", "bootstrap"],
-        "env": [{"name": podenv.ENV_WORKSPACE, "value": podenv.WORKSPACE_MOUNT}],
+        "env": [
+            {"name": podenv.ENV_WORKSPACE, "value": podenv.WORKSPACE_MOUNT},
+            {"name": bootstrap.ENV_TRITON_IMAGE, "value": spec.triton.image},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [_workspace_mount()],
         "securityContext": _restricted_security_context(),
     }
