@@ -45,6 +45,8 @@ ENV_MODELS = "KUBETRITON_MODELS"
 ENV_DRAIN_SECONDS = "KUBETRITON_DRAIN_SECONDS"
 ENV_ARENA_BYTES = "KUBETRITON_ARENA_BYTES"
 ENV_HEALTH_PORT = "KUBETRITON_HEALTH_PORT"
+ENV_SHM_DIR = "KUBETRITON_SHM_DIR"
+"""Where the shared-memory volume is mounted in both containers (default /dev/shm)."""
 
 REPOSITORY_TOKEN_HEADER = "kubetriton-repository-token"
 DEFAULT_DRAIN_SECONDS = 30
@@ -60,6 +62,7 @@ class AttachSettings:
     models: tuple[str, ...]
     drain_seconds: float
     health_port: int
+    shm_dir: str
 
     @classmethod
     def from_environ(cls, environ: os._Environ[str] | dict[str, str] | None = None) -> AttachSettings | None:
@@ -73,6 +76,7 @@ class AttachSettings:
             models=tuple(name for name in env.get(ENV_MODELS, "").split(",") if name),
             drain_seconds=float(env.get(ENV_DRAIN_SECONDS, DEFAULT_DRAIN_SECONDS)),
             health_port=int(env.get(ENV_HEALTH_PORT, HEALTH_PORT)),
+            shm_dir=env.get(ENV_SHM_DIR, SHM_MOUNT),
         )
 
 

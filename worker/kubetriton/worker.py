@@ -16,6 +16,7 @@ import inspect
 import json
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from kubetriton.transport import (
     encode_tensor,
     is_bytes_dtype,
 )
+from pytriton.decorators import TritonContext, use_triton_context
 from pytriton.exceptions import PyTritonUnrecoverableError
 from pytriton.proxy.types import Request
 
@@ -212,8 +214,8 @@ class InstanceServer(threading.Thread):
         self._debug = debug
         self._on_unrecoverable = on_unrecoverable
         self._checker = ResponseChecker(spec)
-        self._context = zmq.Context.instance()
-        self._socket = self._context.socket(zmq.ROUTER)
+        self._triton_context = TritonContext(spec.name, spec.config, spec.inputs, spec.outputs)
+        self._socket = zmq.Context.instance().socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.bind(transport.address(spec.name, instance))
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
@@ -222,6 +224,9 @@ class InstanceServer(threading.Thread):
         self._released_requests: list[int] = []
         self.connections = 0
         self.in_flight = 0
+        self.requests = 0
+        self.failures = 0
+        self.busy_seconds = 0.0
 
     @property
     def attached(self) -> bool:
@@ -273,6 +278,7 @@ class InstanceServer(threading.Thread):
         if "requests" not in header:
             return
         self.in_flight += 1
+        started = time.perf_counter()
         try:
             data = [frame.buffer for frame in frames[2:]]
             del frames
@@ -285,9 +291,13 @@ class InstanceServer(threading.Thread):
                 self._send(identity, header["id"], reply_header, reply_frames)
         finally:
             self.in_flight -= 1
+            self.requests += len(header["requests"])
+            self.busy_seconds += time.perf_counter() - started
 
     def _send(self, identity: bytes, message_id: int, header: dict[str, Any], frames: list[Any]) -> None:
         header["id"] = message_id
+        if "error" in header:
+            self.failures += 1
         count = len(self._released_requests)
         header["released"] = self._released_requests[:count]
         del self._released_requests[:count]
@@ -339,7 +349,8 @@ class InstanceServer(threading.Thread):
         return {"error": format_error(error, debug=self._debug), "final": True}
 
     def _call(self, requests: list[Request]) -> Any:
-        result = self._infer_func(requests)
+        with use_triton_context(self._triton_context):
+            result = self._infer_func(requests)
         if inspect.isawaitable(result):
             result = _EventLoopThread.run(result)
         return result

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetriton import podenv
+from kubetriton.health import HealthServer
 from kubetriton.model_repository import ModelSpec, check_model_name, name_tensors, write_model
 from kubetriton.server import LocalTritonServer, wait_until_live
 from kubetriton.triton_home import locate
@@ -140,6 +141,8 @@ class Triton:
         self._workers: dict[str, ModelWorker] = {}
         self._fatal: BaseException | None = None
         self._stop_requested = threading.Event()
+        self._health: HealthServer | None = None
+        self._draining = False
         self._started = False
         self._stopped = False
         self._lock = threading.RLock()
@@ -229,12 +232,15 @@ class Triton:
             if self._stopped:
                 return
             self._stopped = True
+            self._draining = True
         if self._server is not None:
             self._server.stop()
         else:
             self._drain()
         for worker in self._workers.values():
             worker.stop()
+        if self._health is not None:
+            self._health.stop()
         if self._own_workspace:
             shutil.rmtree(self._workspace, ignore_errors=True)
 
@@ -307,6 +313,14 @@ class Triton:
         settings = self._attach
         assert settings is not None
         self._http_url = f"http://{settings.triton_host}:{podenv.HTTP_PORT}"
+        self._health = HealthServer(
+            settings.health_port,
+            triton_http_url=self._http_url,
+            declared_models=settings.models,
+            workers=lambda: self._workers,
+            draining=lambda: self._draining,
+        )
+        self._health.start()
         LOGGER.info("Waiting for the Triton sidecar at %s", self._http_url)
         wait_until_live(self._http_url, SIDECAR_WAIT_S)
         token_file = self._workspace / podenv.REPOSITORY_TOKEN_FILE
@@ -314,7 +328,7 @@ class Triton:
         sockets = self._workspace / podenv.SOCKETS_SUBDIR
         sockets.mkdir(parents=True, exist_ok=True)
         arena_bytes = int(os.environ.get(podenv.ENV_ARENA_BYTES, podenv.DEFAULT_ARENA_BYTES))
-        self._transport = TransportSettings(sockets, Path(podenv.SHM_MOUNT) / "kubetriton", arena_bytes)
+        self._transport = TransportSettings(sockets, Path(settings.shm_dir) / "kubetriton", arena_bytes)
 
     def _load(self, spec: ModelSpec, funcs: list[Callable[..., Any]]) -> None:
         assert self._transport is not None
