@@ -184,6 +184,19 @@ async def test_spec_changes_reach_the_children(cluster: ClusterEmulator, start_o
     )
 
 
+async def test_a_deleted_deployment_comes_back(cluster: ClusterEmulator, start_operator: StartOperator):
+    await start_operator()
+    await create_model(cluster, model_document("identity"))
+    first = await eventually(lambda: stored(cluster, CHILD_APIS["Deployment"], "identity"))
+    async with cluster.delete("/apis/apps/v1/namespaces/default/deployments/identity") as response:
+        assert response.status == 200
+    again = await eventually(
+        lambda: stored(cluster, CHILD_APIS["Deployment"], "identity"), message="the Deployment applied again"
+    )
+    assert again["metadata"]["uid"] != first["metadata"]["uid"]
+    assert again["spec"] == first["spec"]
+
+
 async def test_deleted_model_leaves_children_to_garbage_collection(
     cluster: ClusterEmulator, start_operator: StartOperator
 ):

@@ -179,22 +179,32 @@ class Reconciler:
 
     async def child_changed(
         self,
+        type: str,
+        body: kopf.Body,
         namespace: str,
         labels: Mapping[str, str],
+        logger: kopf.Logger,
         model_objects: kopf.Index[tuple[str, str], dict[str, Any]],
         model_deployments: kopf.Index[tuple[str, str], dict[str, Any]],
         model_pods: kopf.Index[tuple[str, str], dict[str, Any]],
         **_: Any,
     ) -> None:
-        """A Deployment or pod of a model changed: recompute that model's status."""
+        """A Deployment or pod of a model changed: recompute that model's status.
+
+        A Deployment deleted while its model lives is applied again at once.
+        """
         key = (namespace, labels.get(naming.INSTANCE_LABEL, ""))
         owner = _first(model_objects, key)
-        if owner is None:
+        if owner is None or owner["metadata"].get("deletionTimestamp"):
             return
         try:
             model = _parse(key[1], namespace, owner.get("spec") or {})
         except ValidationError:
             return
+        if type == "DELETED" and body.get("kind") == children.DEPLOYMENT.kind:
+            logger.warning(
+                f"the Deployment of {key[1]} was deleted; {await self._apply_children(model, owner)}"
+            )
         pods = [pod for pod in model_pods.get(key, ())]
         await self.publish(owner, status.summarize(model, _first(model_deployments, key), pods))
 
