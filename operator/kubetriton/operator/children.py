@@ -28,10 +28,6 @@ class ChildKind:
     def group(self) -> str:
         return self.api_version.rpartition("/")[0]
 
-    @property
-    def version(self) -> str:
-        return self.api_version.rpartition("/")[2]
-
 
 DEPLOYMENT = ChildKind("apps/v1", "Deployment", "deployments")
 SERVICE = ChildKind("v1", "Service", "services")

@@ -3,8 +3,9 @@
 One level-based handler serves create, update and resume: it validates the spec, applies every
 child the builders produce (server-side apply, fixed names, owner references) and deletes the kinds
 the spec no longer needs, so running it twice or after a restart changes nothing. Deployments and
-pods are kept in kopf indexes; their events only recompute the owner's status. Nothing here builds
-a manifest: that is `children`'s job, and the status is `status`'s.
+pods are kept in kopf indexes; their events recompute the owner's status, and a Deployment deleted
+under a live model is applied again. Nothing here builds a manifest: that is `children`'s job, and
+the status is `status`'s.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from kubetriton.operator.spec import (
 from pydantic import ValidationError
 
 Login = Callable[..., kopf.ConnectionInfo | None]
+"""A kopf login handler: called with kopf's keyword arguments, returns the API server connection."""
 CRD_API_VERSION = "apiextensions.k8s.io/v1"
 RETRY_DELAY_SECONDS = 30
 CHILD_LABELS = {naming.MANAGED_BY_LABEL: naming.MANAGER}
