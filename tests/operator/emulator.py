@@ -164,6 +164,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     record_requests: bool = True
     """Keep every finished request for assertions; a long benchmark keeps only those in flight."""
+    rejections: dict[str, str] = attrs.field(factory=dict)
+    """Plural name → message: writes to that resource fail with 422, as an admission webhook might."""
     _clock: _Clock = attrs.field(factory=_Clock, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -178,6 +180,15 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             resource = request.resource
             if resource is None or resource.plural is None or request.action not in _OBJECT_ACTIONS:
                 return await super()._handle(request)
+            writes = (enums.action.CREATE, enums.action.UPDATE)
+            if (
+                request.action in writes
+                and resource.plural in self.rejections
+                and request.subresource is None
+            ):
+                raise kmock.KubernetesError(
+                    status=422, reason="Invalid", message=self.rejections[resource.plural]
+                )
             serve = {
                 enums.action.CREATE: self._create,
                 enums.action.FETCH: self._fetch,

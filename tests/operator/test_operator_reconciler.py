@@ -323,6 +323,25 @@ async def test_bad_spec_is_reported_and_the_operator_carries_on(
     assert operator.alive and operator.error is None
 
 
+async def test_rejected_children_are_reported(cluster: ClusterEmulator, start_operator: StartOperator):
+    operator = await start_operator()
+    cluster.rejections["deployments"] = (
+        'admission webhook "policy.example.com" denied the request: no GPUs here'
+    )
+    await create_model(cluster, model_document("identity"))
+    failed = await eventually(
+        lambda: (
+            condition(cluster, "identity", "Degraded").get("reason") == "ApplyFailed"
+            and condition(cluster, "identity", "Degraded")
+        ),
+        message="ApplyFailed",
+    )
+    assert failed["status"] == "True"
+    assert "denied the request: no GPUs here" in failed["message"]
+    assert condition(cluster, "identity", "Ready")["status"] == "False"
+    assert operator.alive
+
+
 async def test_service_monitor_only_where_its_crd_exists(
     cluster: ClusterEmulator, start_operator: StartOperator
 ):
