@@ -15,10 +15,25 @@ from pathlib import Path
 
 import numpy as np
 
+from kubetriton.podenv import RUNTIME_SUBDIR
 from pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor
 
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-PROXY_MODEL_SOURCE = "from kubetriton.sidecar.proxy_model import TritonPythonModel  # noqa: F401\n"
+PROXY_MODEL_SOURCE = f'''"""Triton's entry point for this model: the kubetriton proxy model.
+
+In a pod, the stock Triton image gets kubetriton and pyzmq from the runtime that `kubetriton bootstrap`
+put into the workspace beside the model repository; the Python-backend stub ignores PYTHONPATH.
+"""
+
+import sys
+from pathlib import Path
+
+_runtime = Path(__file__).resolve().parents[3] / "{RUNTIME_SUBDIR}"
+if _runtime.is_dir() and str(_runtime) not in sys.path:
+    sys.path.insert(0, str(_runtime))
+
+from kubetriton.sidecar.proxy_model import TritonPythonModel  # noqa: E402,F401
+'''
 
 _TRITON_DTYPES = {
     np.dtype(bool): "TYPE_BOOL",

@@ -1,0 +1,304 @@
+"""The pod that the operator renders, run for real as local processes.
+
+`kubetriton render` produces the pod template for the Identity example. Each container runs its own
+command and args with the pod's env; volume mounts become temporary directories:
+
+- `bootstrap` prepares the workspace from the worker's environment;
+- `triton` runs its shell command unchanged, with the local Triton standing in for the stock image and a
+  Python that has numpy but no pyzmq, so the proxy can only work with the bootstrapped pyzmq;
+- `worker` runs a user script written against the PyTriton API, unchanged from local mode.
+
+The test checks the probes, queries over HTTP and gRPC, kills and restarts the worker (Triton keeps
+running), and drains on SIGTERM under load with no failed requests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import yaml
+import zmq
+from tritonclient.utils import InferenceServerException
+
+from kubetriton import podenv
+from kubetriton.triton_home import locate
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / ".venv" / "pod-test"
+PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+WORKER_SCRIPT = """
+import time
+
+import numpy as np
+
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton
+
+
+def slow(requests):
+    time.sleep(0.3)
+    return [{"y": request["x"]} for request in requests]
+
+
+with Triton() as triton:
+    time.sleep(2)  # the user's model loads before it is bound: the pod must not be ready yet
+    triton.bind(
+        model_name="Identity",
+        infer_func=lambda requests: requests,
+        inputs=[Tensor(dtype=np.float32, shape=(1,))],
+        outputs=[Tensor(dtype=np.float32, shape=(1,))],
+        config=ModelConfig(max_batch_size=8),
+    )
+    triton.bind("Slow", slow, [Tensor(name="x", dtype=np.float32, shape=(1,))],
+                [Tensor(name="y", dtype=np.float32, shape=(1,))], config=ModelConfig(max_batch_size=8))
+    triton.serve()
+"""
+
+
+def sidecar_environment() -> tuple[Path, Path]:
+    """A Python with numpy and without pyzmq for the sidecar, and a wheel directory holding pyzmq."""
+    python_env, wheels = CACHE / f"sidecar-python-{PY_VERSION}", CACHE / "wheels"
+    if not (python_env / "ready").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(python_env)], check=True)
+        subprocess.run([str(python_env / "bin" / "pip"), "install", "--quiet", "numpy<2"], check=True)
+        (python_env / "ready").touch()
+    if not list(wheels.glob(f"pyzmq-{zmq.__version__}-cp{PY_VERSION.replace('.', '')}-*.whl")):
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+             f"pyzmq=={zmq.__version__}", "-d", str(wheels)],
+            check=True,
+        )
+    return python_env, wheels
+
+
+def tritonserver_shim(directory: Path, python_env: Path) -> Path:
+    """A `tritonserver` on PATH that runs the local installation where the image would run its own."""
+    home = locate()
+    environment = home.environment({"PATH": f"{python_env / 'bin'}:/usr/bin:/bin"})
+    shim = directory / "tritonserver"
+    shim.write_text(
+        "#!/bin/sh\n"
+        f"export LD_LIBRARY_PATH='{environment['LD_LIBRARY_PATH']}'\n"
+        f"export PATH='{python_env / 'bin'}:/usr/bin:/bin'\n"
+        f"exec '{home.executable}' --backend-directory='{home.backends}' \"$@\"\n"
+    )
+    shim.chmod(0o755)
+    return directory
+
+
+class Pod:
+    """The rendered pod's containers as processes, with mounts mapped to temporary directories."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        rendered = subprocess.run(
+            [sys.executable, "-m", "kubetriton.cli", "render", str(REPO / "examples/identity/model.yaml")],
+            check=True, capture_output=True, text=True,
+        ).stdout
+        deployment = next(doc for doc in yaml.safe_load_all(rendered) if doc and doc["kind"] == "Deployment")
+        self.spec = deployment["spec"]["template"]["spec"]
+        self.containers = {c["name"]: c for c in self.spec["initContainers"] + self.spec["containers"]}
+        self.workspace = tmp_path / "workspace"
+        self.shm = Path(f"/dev/shm/kubetriton-podtest-{os.getpid()}")
+        self.workspace.mkdir()
+        self.shm.mkdir()
+        self.script = tmp_path / "serve.py"
+        self.script.write_text(WORKER_SCRIPT)
+        self.tmp_path = tmp_path
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def mapped(self, value: str) -> str:
+        return (
+            value.replace(podenv.WORKSPACE_MOUNT, str(self.workspace))
+            .replace("/app/serve.py", str(self.script))
+        )
+
+    def environment(self, name: str, **extra: str) -> dict[str, str]:
+        env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
+        env.update({item["name"]: self.mapped(item["value"]) for item in self.containers[name].get("env", [])})
+        env.update(extra)
+        return env
+
+    def command(self, name: str) -> list[str]:
+        container = self.containers[name]
+        return [self.mapped(part) for part in container.get("command", []) + container.get("args", [])]
+
+    def start(self, name: str, **extra_env: str) -> subprocess.Popen[bytes]:
+        command = self.command(name)
+        if command[0] in ("python", "kubetriton"):
+            command[0] = str(Path(sys.executable).parent / command[0])
+        log = (self.tmp_path / f"{name}.log").open("ab")
+        process = subprocess.Popen(command, env=self.environment(name, **extra_env), stdout=log, stderr=subprocess.STDOUT)
+        self.processes[name] = process
+        return process
+
+    def log(self, name: str) -> str:
+        return (self.tmp_path / f"{name}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(40)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def probe(path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{podenv.HEALTH_PORT}{path}", timeout=2) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return 0, "unreachable"
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def identity(protocol: str, value: float) -> np.ndarray:
+    module = httpclient if protocol == "http" else grpcclient
+    port = podenv.HTTP_PORT if protocol == "http" else podenv.GRPC_PORT
+    client = module.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        tensor = module.InferInput("INPUT_1", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[value]], np.float32))
+        return client.infer("Identity", [tensor]).as_numpy("OUTPUT_1")
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def pod(tmp_path) -> Iterator[Pod]:
+    wanted = (podenv.HTTP_PORT, podenv.GRPC_PORT, podenv.METRICS_PORT, podenv.HEALTH_PORT)
+    for port in wanted:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                pytest.fail(f"port {port} is taken; the pod test runs the pod's fixed ports on this machine")
+    running = Pod(tmp_path)
+    try:
+        yield running
+    finally:
+        running.stop()
+        shutil.rmtree(running.shm, ignore_errors=True)
+
+
+def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path):
+    python_env, wheels = sidecar_environment()
+    no_zmq = subprocess.run([str(python_env / "bin" / "python"), "-c", "import zmq"], capture_output=True)
+    assert no_zmq.returncode != 0, "the sidecar's Python must not have pyzmq of its own"
+
+    bootstrap = pod.start(
+        "bootstrap", KUBETRITON_SIDECAR_PYTHON=PY_VERSION, KUBETRITON_SIDECAR_WHEELS=str(wheels)
+    )
+    assert bootstrap.wait(60) == 0, pod.log("bootstrap")
+    assert (pod.workspace / "runtime" / "zmq").is_dir()
+
+    (tmp_path / "image-bin").mkdir()
+    shim_dir = tritonserver_shim(tmp_path / "image-bin", python_env)
+    sidecar = pod.start("triton", PATH=f"{shim_dir}:/usr/bin:/bin")
+
+    def sidecar_live() -> bool:
+        assert sidecar.poll() is None, pod.log("triton")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{podenv.HTTP_PORT}/v2/health/live", timeout=1) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError):
+            return False
+
+    wait_for(sidecar_live, 60, "the sidecar's startup probe")
+
+    worker_env = {podenv.ENV_SHM_DIR: str(pod.shm)}
+    pod.start("worker", **worker_env)
+    wait_for(lambda: probe("/livez")[0] == 200, 30, "worker liveness")
+    status, body = probe("/readyz")
+    assert status == 503 and "not bound yet" in body, "ready before the model was bound"
+    wait_for(lambda: probe("/readyz")[0] == 200, 60, "worker readiness after binding")
+
+    for protocol in ("http", "grpc"):
+        assert identity(protocol, 4.5).tolist() == [[4.5]]
+    status, metrics = probe("/metrics")
+    assert status == 200 and 'kubetriton_requests_total{model="Identity"} 2.0' in metrics
+
+    # Killing the worker: readiness goes, requests fail fast with a clear error, Triton stays up.
+    pod.processes["worker"].kill()
+    pod.processes["worker"].wait()
+    assert probe("/readyz")[0] != 200
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException, match="No worker is attached to model 'Identity'"):
+        identity("http", 1.0)
+    assert time.monotonic() - started < 2
+    assert sidecar.poll() is None
+
+    pod.start("worker", **worker_env)
+    wait_for(lambda: probe("/readyz")[0] == 200, 60, "readiness after the worker restarted")
+    assert identity("grpc", 7.0).tolist() == [[7.0]]
+    assert sidecar.poll() is None, "Triton must not restart when the worker does"
+
+    # Drain: the Service stops routing (preStop), SIGTERM arrives, in-flight requests all complete.
+    def slow_answers() -> bool:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{podenv.HTTP_PORT}")
+        tensor = httpclient.InferInput("x", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 1), np.float32))
+        try:
+            return client.infer("Slow", [tensor]).as_numpy("y").tolist() == [[1.0]]
+        except InferenceServerException:
+            return False
+        finally:
+            client.close()
+
+    wait_for(slow_answers, 30, "the second model to be bound again")
+    results: list[str] = []
+    routing = threading.Event()
+    routing.set()
+
+    def client_loop() -> None:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{podenv.HTTP_PORT}", network_timeout=30)
+        tensor = httpclient.InferInput("x", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 1), np.float32))
+        try:
+            while routing.is_set():
+                try:
+                    client.infer("Slow", [tensor])
+                    results.append("ok")
+                except InferenceServerException as error:
+                    results.append(str(error))
+        finally:
+            client.close()
+
+    load = [threading.Thread(target=client_loop) for _ in range(4)]
+    for thread in load:
+        thread.start()
+    time.sleep(1.5)
+    routing.clear()
+    pod.processes["worker"].send_signal(signal.SIGTERM)
+    wait_for(lambda: probe("/readyz")[0] != 200, 5, "readiness to drop on SIGTERM")
+    for thread in load:
+        thread.join(30)
+    assert pod.processes["worker"].wait(40) == 0, pod.log("worker")
+    failures = [result for result in results if result != "ok"]
+    assert results and not failures, f"{len(failures)} of {len(results)} requests failed: {failures[:3]}"
