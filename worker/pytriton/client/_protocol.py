@@ -1,0 +1,261 @@
+"""What every client kind shares: URL parsing, turning call arguments into Triton tensors and results back
+into arrays, and translating tritonclient and socket failures into the PyTriton client errors.
+
+Error policy: a timeout (HTTP network timeout, gRPC deadline) raises PyTritonClientTimeoutError; a server
+that cannot be reached (connection refused, gRPC UNAVAILABLE) raises PyTritonClientInferenceServerError
+whose message starts with "connection refused"; any error the server reports raises
+PyTritonClientInferenceServerError carrying the server's message.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from pytriton.client.exceptions import (
+    PyTritonClientError,
+    PyTritonClientInferenceServerError,
+    PyTritonClientInvalidUrlError,
+    PyTritonClientTimeoutError,
+    PyTritonClientValueError,
+)
+from pytriton.client.triton_model_config import TritonModelConfig
+
+DEFAULT_INIT_TIMEOUT_S = 300.0
+DEFAULT_INFERENCE_TIMEOUT_S = 60.0
+READINESS_POLL_S = 0.25
+READINESS_PROBE_TIMEOUT_S = 5.0
+
+_DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "https": 443, "grpcs": 443}
+_request_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A parsed server URL: `protocol` is "http" or "grpc"; `address` is what tritonclient takes."""
+
+    protocol: str
+    host: str
+    port: int
+    path: str
+    ssl: bool
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}{self.path}"
+
+    @property
+    def url(self) -> str:
+        scheme = self.protocol + ("s" if self.ssl else "")
+        return f"{scheme}://{self.address}"
+
+
+def parse_url(url: str) -> Endpoint:
+    """`localhost`, `host:port`, `http://host:port` or `grpc://host:port` (also `https`, `grpcs`).
+
+    Without a scheme, HTTP is used; without a port, 8000 for HTTP and 8001 for gRPC (443 with TLS).
+    """
+    if not isinstance(url, str) or not url.strip() or any(char.isspace() for char in url.strip()):
+        raise PyTritonClientInvalidUrlError(f"Invalid Triton URL {url!r}: expected e.g. 'localhost:8000'")
+    text = url.strip()
+    if "://" not in text:
+        text = "http://" + text
+    parsed = urllib.parse.urlsplit(text)
+    scheme = parsed.scheme.lower()
+    if scheme not in _DEFAULT_PORTS:
+        raise PyTritonClientInvalidUrlError(
+            f"Invalid Triton URL {url!r}: scheme {parsed.scheme!r} (use http, https, grpc, grpcs)"
+        )
+    try:
+        port = parsed.port
+    except ValueError:
+        raise PyTritonClientInvalidUrlError(
+            f"Invalid Triton URL {url!r}: the port is not a number in 1-65535"
+        ) from None
+    if not parsed.hostname:
+        raise PyTritonClientInvalidUrlError(f"Invalid Triton URL {url!r}: no host")
+    if parsed.query or parsed.fragment or parsed.username or parsed.password:
+        raise PyTritonClientInvalidUrlError(
+            f"Invalid Triton URL {url!r}: credentials, query or fragment given"
+        )
+    path = parsed.path.rstrip("/")
+    protocol = "grpc" if scheme.startswith("grpc") else "http"
+    if path and protocol == "grpc":
+        raise PyTritonClientInvalidUrlError(f"Invalid Triton URL {url!r}: a gRPC URL has no path")
+    return Endpoint(
+        protocol=protocol,
+        host=parsed.hostname,
+        port=port if port is not None else _DEFAULT_PORTS[scheme],
+        path=path,
+        ssl=scheme.endswith("s"),
+    )
+
+
+def new_request_id() -> str:
+    return f"{os.getpid()}-{next(_request_ids)}"
+
+
+def merged_headers(
+    access_token: str | None, headers: Mapping[str, str] | None, protocol: str
+) -> dict[str, str]:
+    """Call headers over the token header; gRPC metadata keys must be lower case."""
+    merged: dict[str, str] = {}
+    if access_token:
+        merged["authorization"] = f"Bearer {access_token}"
+    merged.update(headers or {})
+    if protocol == "grpc":
+        merged = {key.lower(): value for key, value in merged.items()}
+    return merged
+
+
+def _as_array(value: Any, expected: np.dtype | None) -> np.ndarray:
+    """An input as an array Triton accepts; Python values take the dtype the model expects."""
+    if isinstance(value, np.ndarray):
+        array = value
+    elif expected is not None and expected != np.dtype(object):
+        array = np.asarray(value, dtype=expected)
+    else:
+        array = np.asarray(value)
+    if array.dtype.kind == "U":
+        array = np.char.encode(array, "utf-8").astype(object)
+    elif array.dtype.kind == "S":
+        array = array.astype(object)
+    if np_to_triton_dtype(array.dtype) is None:
+        raise PyTritonClientValueError(f"Arrays of dtype {array.dtype} cannot be sent to Triton")
+    return array
+
+
+def build_inputs(
+    config: TritonModelConfig,
+    inputs: Sequence[Any],
+    named_inputs: Mapping[str, Any],
+    *,
+    add_batch_axis: bool,
+) -> dict[str, np.ndarray]:
+    """Map positional inputs to the model's inputs in configuration order, or named ones by name."""
+    specs = {spec.name: spec for spec in config.inputs}
+    if inputs and named_inputs:
+        raise PyTritonClientValueError("Pass the inputs either positionally or by name, not both")
+    if inputs:
+        if len(inputs) > len(config.inputs):
+            raise PyTritonClientValueError(
+                f"Model {config.model_name} takes {len(config.inputs)} inputs ({', '.join(specs)}); "
+                f"got {len(inputs)}"
+            )
+        pairs = list(zip([spec.name for spec in config.inputs][: len(inputs)], inputs, strict=True))
+    else:
+        unknown = sorted(set(named_inputs) - set(specs))
+        if unknown and specs:
+            raise PyTritonClientValueError(
+                f"Model {config.model_name} has no input named {', '.join(unknown)} "
+                f"(inputs: {', '.join(specs)})"
+            )
+        pairs = [(name, value) for name, value in named_inputs.items() if value is not None]
+    if not pairs:
+        raise PyTritonClientValueError(f"No inputs given for model {config.model_name}")
+    arrays = {}
+    for name, value in pairs:
+        spec = specs.get(name)
+        array = _as_array(value, spec.dtype if spec else None)
+        arrays[name] = array[np.newaxis, ...] if add_batch_axis else array
+    return arrays
+
+
+def triton_inputs(module: Any, arrays: Mapping[str, np.ndarray], *, binary: bool) -> list[Any]:
+    """tritonclient InferInput objects from `module` (tritonclient.http or tritonclient.grpc)."""
+    result = []
+    for name, array in arrays.items():
+        infer_input = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        if binary:
+            infer_input.set_data_from_numpy(array, binary_data=True)
+        else:
+            infer_input.set_data_from_numpy(array)
+        result.append(infer_input)
+    return result
+
+
+def requested_outputs(module: Any, config: TritonModelConfig, *, binary: bool) -> list[Any] | None:
+    if not config.outputs:
+        return None
+    if binary:
+        return [module.InferRequestedOutput(spec.name, binary_data=True) for spec in config.outputs]
+    return [module.InferRequestedOutput(spec.name) for spec in config.outputs]
+
+
+def result_outputs(result: Any, *, strip_batch_axis: bool) -> dict[str, np.ndarray]:
+    """Every output of an HTTP or gRPC InferResult as an array; BYTES come back as object arrays of bytes."""
+    response = result.get_response()
+    if isinstance(response, Mapping):
+        names = [output["name"] for output in response.get("outputs", ())]
+    else:
+        names = [output.name for output in response.outputs]
+    outputs = {}
+    for name in names:
+        array = result.as_numpy(name)
+        if array is None:
+            continue
+        outputs[name] = array[0] if strip_batch_axis and array.ndim > 0 else array
+    return outputs
+
+
+def is_final_response(result: Any) -> bool:
+    """Whether a gRPC streaming result carries Triton's final-response flag."""
+    parameters = result.get_response().parameters
+    return "triton_final_response" in parameters and parameters["triton_final_response"].bool_param
+
+
+def has_outputs(result: Any) -> bool:
+    return len(result.get_response().outputs) > 0
+
+
+def translate_error(error: BaseException, *, endpoint: Endpoint, model_name: str) -> PyTritonClientError:
+    """The client error for a tritonclient, gRPC or socket failure (see the module docstring)."""
+    if isinstance(error, PyTritonClientError):
+        return error
+    if isinstance(error, InferenceServerException):
+        status = str(error.status() or "")
+        message = error.message() or str(error)
+        if "DEADLINE_EXCEEDED" in status or "Deadline Exceeded" in message:
+            return PyTritonClientTimeoutError(
+                f"Model {model_name} at {endpoint.url} did not answer in time: {message}"
+            )
+        if "UNAVAILABLE" in status:
+            return PyTritonClientInferenceServerError(
+                f"connection refused: cannot reach Triton at {endpoint.url}: {message}"
+            )
+        return PyTritonClientInferenceServerError(f"Model {model_name} at {endpoint.url} failed: {message}")
+    if isinstance(error, ConnectionRefusedError):
+        return PyTritonClientInferenceServerError(
+            f"connection refused: nothing accepts connections at {endpoint.url} ({error})"
+        )
+    if isinstance(error, (TimeoutError, socket.timeout)):
+        return PyTritonClientTimeoutError(
+            f"Model {model_name} at {endpoint.url} did not answer in time: {error}"
+        )
+    if isinstance(error, OSError):
+        return PyTritonClientInferenceServerError(f"Cannot talk to Triton at {endpoint.url}: {error}")
+    return PyTritonClientInferenceServerError(
+        f"Request to model {model_name} at {endpoint.url} failed: {error!r}"
+    )
+
+
+def describe_probe_failure(error: BaseException, endpoint: Endpoint) -> str:
+    """One line for the readiness wait's timeout message."""
+    if isinstance(error, ConnectionRefusedError) or (
+        isinstance(error, InferenceServerException) and "UNAVAILABLE" in str(error.status() or "")
+    ):
+        return f"connection refused at {endpoint.url}"
+    if isinstance(error, (TimeoutError, socket.timeout)):
+        return f"{endpoint.url} did not answer"
+    if isinstance(error, InferenceServerException):
+        return error.message() or str(error)
+    return f"{type(error).__name__}: {error}"
