@@ -108,7 +108,13 @@ async def test_create_applies_children_owned_by_the_model(
         assert child["metadata"]["ownerReferences"] == [owner]
     assert stored(cluster, CHILD_APIS["PodDisruptionBudget"], "identity") is None
 
-    status = await eventually(lambda: (model(cluster, "identity") or {}).get("status"), message="status")
+    status = await eventually(
+        lambda: (
+            "observedGeneration" in ((model(cluster, "identity") or {}).get("status") or {})
+            and model(cluster, "identity")["status"]
+        ),
+        message="the status of the handled generation",
+    )
     assert status["observedGeneration"] == 1
     assert status["selector"] == naming.selector_string("identity")
     assert status["url"] == "http://identity.default.svc:8000"
@@ -319,7 +325,10 @@ async def test_bad_spec_is_reported_and_the_operator_carries_on(
         lambda: stored(cluster, CHILD_APIS["HorizontalPodAutoscaler"], "broken"),
         message="the fixed model's autoscaler",
     )
-    assert condition(cluster, "broken", "Degraded")["status"] == "False"
+    await eventually(
+        lambda: condition(cluster, "broken", "Degraded").get("status") == "False",
+        message="no longer degraded",
+    )
     assert operator.alive and operator.error is None
 
 
