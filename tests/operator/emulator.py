@@ -220,7 +220,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     def _stamp_new(data: dict[str, Any], namespace: str | None) -> None:
         metadata = data.setdefault("metadata", {})
         if "name" not in metadata and "generateName" in metadata:
-            metadata["name"] = metadata["generateName"] + uuid.uuid4().hex[:5]
+            metadata["name"] = metadata["generateName"] + uuid.uuid4().hex[:8]
         metadata.setdefault("uid", str(uuid.uuid4()))
         metadata.setdefault("creationTimestamp", _now())
         metadata["generation"] = 1
