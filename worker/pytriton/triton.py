@@ -32,6 +32,7 @@ from kubetriton.model_repository import ModelSpec, check_model_name, name_tensor
 from kubetriton.server import LocalTritonServer, wait_until_live
 from kubetriton.triton_home import locate
 from kubetriton.worker import ModelWorker, TransportSettings
+
 from pytriton.exceptions import (
     PyTritonInvalidOperationError,
     PyTritonModelConfigError,
@@ -46,13 +47,22 @@ ENV_CONFIG_PREFIX = "PYTRITON_TRITON_CONFIG_"
 SIDECAR_WAIT_S = 600.0
 MODEL_LOAD_TIMEOUT_S = 300.0
 DRAIN_QUIET_S = 0.5
+DEFAULT_CACHE_CONFIG = ["local,size=16777216"]
+"""Local mode enables Triton's response cache (16 MiB) unless `cache_config` says otherwise; only models
+bound with `ModelConfig(response_cache=True)` use it."""
+LOAD_ERROR_LOG_LINES = 200
 
 
 @dataclasses.dataclass
 class TritonConfig:
     """Settings of the local Triton server. Each field can also be set from the environment as
     `PYTRITON_TRITON_CONFIG_<FIELD>` (for example `PYTRITON_TRITON_CONFIG_HTTP_PORT=8010`);
-    a value given here wins over the environment."""
+    a value given here wins over the environment.
+
+    Header forwarding is opt-in, as in PyTriton: HTTP/gRPC headers whose names match
+    `http_header_forward_pattern` / `grpc_header_forward_pattern` reach `Request.parameters`.
+    `cache_config` defaults to a 16 MiB local response cache; `[]` turns the cache off.
+    """
 
     id: str | None = None
     model_repository: Path | None = None
@@ -79,9 +89,11 @@ class TritonConfig:
             raw = os.environ.get(ENV_CONFIG_PREFIX + field.name.upper())
             if raw is None:
                 continue
-            if field.name in ("log_verbose", "exit_timeout_secs", "buffer_manager_thread_count") or field.name.endswith(
-                "_port"
-            ):
+            if field.name in (
+                "log_verbose",
+                "exit_timeout_secs",
+                "buffer_manager_thread_count",
+            ) or field.name.endswith("_port"):
                 values[field.name] = int(raw)
             elif field.name == "allow_metrics":
                 values[field.name] = raw.lower() in ("1", "true", "yes")
@@ -93,16 +105,34 @@ class TritonConfig:
                 values[field.name] = raw
         return cls(**values)
 
+    def __post_init__(self) -> None:
+        for name in ("model_repository", "log_file"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                setattr(self, name, Path(value))
+
     def merged_over(self, base: TritonConfig) -> TritonConfig:
         return dataclasses.replace(
-            base, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+            base,
+            **{
+                f.name: getattr(self, f.name)
+                for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None
+            },
         )
 
     def extra_args(self) -> list[str]:
         """tritonserver arguments for the optional fields (the rest come from the pod contract)."""
         args = []
-        for name in ("http_address", "grpc_address", "metrics_address", "http_header_forward_pattern",
-                     "grpc_header_forward_pattern", "cache_directory", "buffer_manager_thread_count"):
+        for name in (
+            "http_address",
+            "grpc_address",
+            "metrics_address",
+            "http_header_forward_pattern",
+            "grpc_header_forward_pattern",
+            "cache_directory",
+            "buffer_manager_thread_count",
+        ):
             value = getattr(self, name)
             if value is not None:
                 args.append(f"--{name.replace('_', '-')}={value}")
@@ -173,7 +203,9 @@ class Triton:
         config = config or ModelConfig()
         funcs = list(infer_func) if isinstance(infer_func, (list, tuple)) else [infer_func]
         if not funcs or not all(callable(func) for func in funcs):
-            raise PyTritonValidationError(f"infer_func of model '{model_name}' must be a callable or a list of callables")
+            raise PyTritonValidationError(
+                f"infer_func of model '{model_name}' must be a callable or a list of callables"
+            )
         if not config.decoupled and any(_is_generator_callable(func) for func in funcs):
             raise PyTritonModelConfigError(
                 f"Model '{model_name}' callable is a generator; bind it with ModelConfig(decoupled=True) to stream"
@@ -181,6 +213,10 @@ class Triton:
         if config.batching and config.max_batch_size < 1:
             raise PyTritonModelConfigError(
                 f"Model '{model_name}': max_batch_size must be at least 1 when batching is on (use batching=False)"
+            )
+        if config.response_cache and self._attach is None and self._config.cache_config == []:
+            raise PyTritonModelConfigError(
+                f"Model '{model_name}' asks for the response cache, but TritonConfig(cache_config=[]) turned it off"
             )
         spec = ModelSpec(model_name, named_inputs, named_outputs, config, instances=len(funcs), strict=strict)
         with self._lock:
@@ -293,8 +329,18 @@ class Triton:
         self._transport = TransportSettings(sockets, Path(shm_prefix) / "arenas", arena_bytes)
         self._repository_token = secrets.token_urlsafe(24)
         exit_timeout = self._config.exit_timeout_secs or podenv.DEFAULT_DRAIN_SECONDS
+        home = locate()
+        server_config = self._config
+        if server_config.cache_config is None:
+            server_config = dataclasses.replace(server_config, cache_config=list(DEFAULT_CACHE_CONFIG))
+        if (
+            server_config.cache_config
+            and server_config.cache_directory is None
+            and (home.path / "caches").is_dir()
+        ):
+            server_config = dataclasses.replace(server_config, cache_directory=str(home.path / "caches"))
         self._server = LocalTritonServer(
-            locate(),
+            home,
             model_repository=self._model_repository,
             repository_token=self._repository_token,
             shm_prefix=shm_prefix,
@@ -304,7 +350,7 @@ class Triton:
             metrics_port=self._config.metrics_port or podenv.METRICS_PORT,
             exit_timeout_s=exit_timeout,
             log_verbose=self._config.log_verbose or 0,
-            extra_args=self._config.extra_args(),
+            extra_args=server_config.extra_args(),
         )
         self._server.start()
         self._http_url = self._server.http_url
@@ -332,7 +378,9 @@ class Triton:
 
     def _load(self, spec: ModelSpec, funcs: list[Callable[..., Any]]) -> None:
         assert self._transport is not None
-        worker = ModelWorker(spec, funcs, self._transport, debug=self._debug, on_unrecoverable=self._unrecoverable)
+        worker = ModelWorker(
+            spec, funcs, self._transport, debug=self._debug, on_unrecoverable=self._unrecoverable
+        )
         worker.start()
         try:
             write_model(self._model_repository, spec, self._transport.model_parameters(spec.name))
@@ -347,7 +395,10 @@ class Triton:
             f"{self._http_url}{path}",
             data=b"{}",
             method="POST",
-            headers={podenv.REPOSITORY_TOKEN_HEADER: self._repository_token, "Content-Type": "application/json"},
+            headers={
+                podenv.REPOSITORY_TOKEN_HEADER: self._repository_token,
+                "Content-Type": "application/json",
+            },
         )
         try:
             with urllib.request.urlopen(request, timeout=MODEL_LOAD_TIMEOUT_S):
@@ -356,5 +407,16 @@ class Triton:
             detail = error.read().decode(errors="replace")
             with contextlib.suppress(ValueError):
                 detail = json.loads(detail).get("error", detail)
-            raise PyTritonModelConfigError(f"Triton refused {path}: {detail}") from None
+            raise PyTritonModelConfigError(f"Triton refused {path}: {detail}{self._load_log(path)}") from None
 
+    def _load_log(self, path: str) -> str:
+        """Local mode: the Triton log lines about the model, which say why a load failed."""
+        if self._server is None:
+            return ""
+        model = path.split("/")[-2]
+        lines = [
+            line
+            for line in self._server.log_tail(LOAD_ERROR_LOG_LINES).splitlines()
+            if line.startswith("E") and (f"'{model}'" in line or f" {model}" in line)
+        ]
+        return "\n" + "\n".join(lines) if lines else ""

@@ -1,0 +1,317 @@
+"""Every kind of PyTriton callable, request parameters and headers, strict outputs and the response cache,
+served by a real tritonserver and queried with plain `tritonclient` over HTTP and gRPC.
+
+One server hosts all models; header forwarding is on for headers named `x-*`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from pytriton.decorators import batch, triton_context
+from pytriton.exceptions import PyTritonModelConfigError
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig
+from tests.conftest import free_ports, shm_entries
+
+STREAM_TIMEOUT_S = 20.0
+INSTANCE_SLEEP_S = 0.4
+X = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
+Y = [Tensor(name="y", shape=(-1,), dtype=np.float32)]
+STREAM_IN = [Tensor(name="n", shape=(1,), dtype=np.int32), Tensor(name="fail_at", shape=(1,), dtype=np.int32)]
+STREAM_OUT = [Tensor(name="i", shape=(1,), dtype=np.int32)]
+TEXT_OUT = [Tensor(name="text", shape=(1,), dtype=bytes)]
+CACHED_CALLS: list[int] = []
+INSTANCE_SPANS: list[tuple[str, float, float]] = []
+
+
+async def async_double(requests):
+    await asyncio.sleep(0.01)
+    return [{"y": request["x"] * 2} for request in requests]
+
+
+def _count(request) -> tuple[int, int]:
+    return int(request["n"][0]), int(request["fail_at"][0])
+
+
+def stream(requests):
+    """Yields request n's values 0..n-1, one response each; raises at `fail_at` when it is in range."""
+    ((n, fail_at),) = (_count(request) for request in requests)
+    for i in range(n):
+        if i == fail_at:
+            raise RuntimeError(f"stream broke at {i}")
+        yield [{"i": np.array([i], np.int32)}]
+
+
+async def async_stream(requests):
+    ((n, fail_at),) = (_count(request) for request in requests)
+    for i in range(n):
+        await asyncio.sleep(0.001)
+        if i == fail_at:
+            raise RuntimeError(f"async stream broke at {i}")
+        yield [{"i": np.array([i * 10], np.int32)}]
+
+
+def returns_a_generator(requests):
+    return (item for item in [[{"y": request["x"]} for request in requests]] * 2)
+
+
+def parameters_as_json(requests):
+    return [
+        {"text": np.array([[json.dumps(request.parameters, sort_keys=True).encode()]], object)}
+        for request in requests
+    ]
+
+
+@batch
+@triton_context
+def batched_parameters(x, triton_context):
+    text = json.dumps(dict(triton_context.parameters), sort_keys=True).encode()
+    return {"text": np.full((len(x), 1), text, object)}
+
+
+def returns_float64(requests):
+    """mode 0: the declared float32; 1: float64; 2: one dimension too many."""
+    responses = []
+    for request in requests:
+        mode = int(request["x"].ravel()[0])
+        y = request["x"].astype(np.float64 if mode == 1 else np.float32)
+        responses.append({"y": y[..., None] if mode == 2 else y})
+    return responses
+
+
+def cached(requests):
+    CACHED_CALLS.append(len(requests))
+    return [{"y": request["x"] + 1} for request in requests]
+
+
+def sleeper(requests):
+    started = time.monotonic()
+    time.sleep(INSTANCE_SLEEP_S)
+    INSTANCE_SPANS.append((threading.current_thread().name, started, time.monotonic()))
+    return [{"y": request["x"]} for request in requests]
+
+
+def flags(requests):
+    return [{"inverted": ~request["flag"], "half": request["value"] / 2} for request in requests]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[dict[str, Any]]:
+    http, grpc, metrics = free_ports(3)
+    shm_before = shm_entries()
+    config = TritonConfig(
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        http_header_forward_pattern="x-.*",
+        grpc_header_forward_pattern="x-.*",
+    )
+    with Triton(config=config) as triton:
+        decoupled = ModelConfig(decoupled=True, batching=False)
+        triton.bind("async_double", async_double, X, Y, config=ModelConfig(max_batch_size=8))
+        triton.bind("stream", stream, STREAM_IN, STREAM_OUT, config=decoupled)
+        triton.bind("async_stream", async_stream, STREAM_IN, STREAM_OUT, config=decoupled)
+        triton.bind("returns_a_generator", returns_a_generator, X, Y)
+        triton.bind("parameters", parameters_as_json, X, TEXT_OUT)
+        triton.bind(
+            "batched_parameters", batched_parameters, X, TEXT_OUT, config=ModelConfig(max_batch_size=8)
+        )
+        triton.bind("strict", returns_float64, X, Y, strict=True)
+        triton.bind("lenient", returns_float64, X, Y)
+        triton.bind("cached", cached, X, Y, config=ModelConfig(response_cache=True))
+        triton.bind("two_instances", [sleeper, sleeper], X, Y, config=ModelConfig(batching=False))
+        triton.bind(
+            "string_and_bool_dtypes",
+            flags,
+            [Tensor(name="flag", shape=(1,), dtype=bool), Tensor(name="value", shape=(1,), dtype="float32")],
+            [
+                Tensor(name="inverted", shape=(1,), dtype=bool),
+                Tensor(name="half", shape=(1,), dtype="float32"),
+            ],
+        )
+        yield {"triton": triton, "http": f"localhost:{http}", "grpc": f"localhost:{grpc}"}
+    leaked = {name for name in shm_entries() - shm_before if "kubetriton" in name or "triton_python" in name}
+    assert not leaked, f"shared memory left behind after stop: {leaked}"
+
+
+def _inputs(module: Any, arrays: dict[str, np.ndarray]) -> list[Any]:
+    tensors = []
+    for name, array in arrays.items():
+        dtype = {np.float32: "FP32", np.int32: "INT32", np.bool_: "BOOL"}[array.dtype.type]
+        tensor = module.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    return tensors
+
+
+def infer(server, protocol: str, model: str, arrays: dict[str, np.ndarray], **kwargs: Any) -> Any:
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(server[protocol])
+    try:
+        return client.infer(model, _inputs(module, arrays), **kwargs)
+    finally:
+        client.close()
+
+
+def stream_once(server, model: str, n: int, fail_at: int = -1) -> tuple[list[int], str | None]:
+    """One streamed request over gRPC: the values of its responses, and the error that ended it, if any."""
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server["grpc"])
+    values: list[int] = []
+    try:
+        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        arrays = {"n": np.array([n], np.int32), "fail_at": np.array([fail_at], np.int32)}
+        client.async_stream_infer(model, _inputs(grpcclient, arrays), enable_empty_final_response=True)
+        while True:
+            result, error = events.get(timeout=STREAM_TIMEOUT_S)
+            if error is not None:
+                return values, str(error)
+            response = result.get_response()
+            if response.outputs:
+                values.append(int(result.as_numpy("i")[0]))
+            if response.parameters["triton_final_response"].bool_param:
+                return values, None
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_coroutine_callable(server, protocol):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert np.array_equal(infer(server, protocol, "async_double", {"x": x}).as_numpy("y"), x * 2)
+
+
+@pytest.mark.parametrize(("model", "scale"), [("stream", 1), ("async_stream", 10)])
+def test_generator_streams_one_response_per_yield(server, model, scale):
+    assert stream_once(server, model, 4) == ([0, scale, 2 * scale, 3 * scale], None)
+
+
+@pytest.mark.parametrize("model", ["stream", "async_stream"])
+def test_generator_may_yield_nothing(server, model):
+    assert stream_once(server, model, 0) == ([], None)
+
+
+@pytest.mark.parametrize(("model", "scale"), [("stream", 1), ("async_stream", 10)])
+def test_failure_mid_stream_ends_it_with_the_error_and_the_next_request_succeeds(server, model, scale):
+    values, error = stream_once(server, model, 5, fail_at=2)
+    assert values == [0, scale]
+    assert error is not None and f"RuntimeError: {model.replace('_', ' ')} broke at 2" in error
+    assert stream_once(server, model, 2) == ([0, scale], None)
+
+
+def test_generator_without_decoupled_is_refused_at_bind(server):
+    with pytest.raises(PyTritonModelConfigError, match="decoupled=True"):
+        server["triton"].bind("undecoupled", stream, STREAM_IN, STREAM_OUT)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_generator_returned_to_a_non_decoupled_model_is_an_error(server, protocol):
+    with pytest.raises(InferenceServerException, match=r"decoupled=True"):
+        infer(server, protocol, "returns_a_generator", {"x": np.ones((1, 2), np.float32)})
+    x = np.ones((1, 2), np.float32)
+    assert np.array_equal(infer(server, protocol, "async_double", {"x": x}).as_numpy("y"), x * 2)
+
+
+def test_decoupled_model_over_plain_http_gets_a_clear_error(server):
+    arrays = {"n": np.array([1], np.int32), "fail_at": np.array([-1], np.int32)}
+    with pytest.raises(InferenceServerException, match="decoupled"):
+        infer(server, "http", "stream", arrays)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_parameters_and_forwarded_headers_reach_the_callable(server, protocol):
+    result = infer(
+        server,
+        protocol,
+        "parameters",
+        {"x": np.ones((1, 1), np.float32)},
+        parameters={"temperature": 0.5, "mode": "fast", "beams": 3, "greedy": True},
+        headers={"x-tenant": "blue", "authorization": "secret"},
+    )
+    seen = json.loads(result.as_numpy("text")[0][0])
+    assert seen == {"temperature": 0.5, "mode": "fast", "beams": 3, "greedy": True, "x-tenant": "blue"}
+
+
+def test_batch_decorator_sees_parameters_in_the_triton_context(server):
+    result = infer(
+        server, "grpc", "batched_parameters", {"x": np.ones((2, 1), np.float32)}, parameters={"top_k": 5}
+    )
+    assert [json.loads(row[0]) for row in result.as_numpy("text")] == [{"top_k": 5}] * 2
+
+
+def test_strict_outputs_match_the_declaration(server):
+    x = np.zeros((1, 2), np.float32)
+    assert infer(server, "http", "strict", {"x": x}).as_numpy("y").dtype == np.float32
+    with pytest.raises(InferenceServerException, match=r"output 'y' has dtype float64, declared float32"):
+        infer(server, "http", "strict", {"x": x + 1})
+    with pytest.raises(
+        InferenceServerException, match=r"output 'y' has shape \(1, 2, 1\), declared \[batch\] \+ \[-1\]"
+    ):
+        infer(server, "grpc", "strict", {"x": x + 2})
+
+
+def test_non_strict_numeric_outputs_are_cast_to_the_declared_dtype(server):
+    result = infer(server, "http", "lenient", {"x": np.ones((1, 2), np.float32)})
+    assert result.as_numpy("y").dtype == np.float32
+    assert result.get_output("y")["datatype"] == "FP32"
+
+
+def test_response_cache_serves_repeated_requests(server):
+    CACHED_CALLS.clear()
+    x = np.full((1, 3), 7, np.float32)
+    for _ in range(3):
+        assert np.array_equal(infer(server, "http", "cached", {"x": x}).as_numpy("y"), x + 1)
+    assert len(CACHED_CALLS) == 1
+    infer(server, "http", "cached", {"x": x + 1})
+    assert len(CACHED_CALLS) == 2
+
+
+def test_a_list_of_callables_runs_as_concurrent_instances(server):
+    INSTANCE_SPANS.clear()
+    with urllib.request.urlopen(f"http://{server['http']}/v2/models/two_instances/config") as response:
+        config = json.load(response)
+    assert config["max_batch_size"] == 0
+    assert [(group["count"], group["kind"]) for group in config["instance_group"]] == [(2, "KIND_CPU")]
+    client = httpclient.InferenceServerClient(server["http"], concurrency=2)
+    try:
+        started = time.monotonic()
+        pending = [
+            client.async_infer("two_instances", _inputs(httpclient, {"x": np.ones(2, np.float32)}))
+            for _ in range(2)
+        ]
+        for request in pending:
+            request.get_result()
+        elapsed = time.monotonic() - started
+    finally:
+        client.close()
+    assert len({name for name, _, _ in INSTANCE_SPANS}) == 2
+    (_, start_a, end_a), (_, start_b, end_b) = INSTANCE_SPANS
+    assert max(start_a, start_b) < min(end_a, end_b), "the two instances did not overlap"
+    assert elapsed < 1.8 * INSTANCE_SLEEP_S
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_string_dtype_names_and_python_bool(server, protocol):
+    result = infer(
+        server,
+        protocol,
+        "string_and_bool_dtypes",
+        {"flag": np.array([[True], [False]]), "value": np.array([[3], [5]], np.float32)},
+    )
+    assert result.as_numpy("inverted").tolist() == [[False], [True]]
+    assert result.as_numpy("half").tolist() == [[1.5], [2.5]]
