@@ -190,6 +190,30 @@ async def test_spec_changes_reach_the_children(cluster: ClusterEmulator, start_o
     )
 
 
+async def test_autoscaler_takes_over_the_live_replica_count(
+    cluster: ClusterEmulator, start_operator: StartOperator
+):
+    await start_operator()
+    await create_model(cluster, model_document("identity", replicas=3))
+    await eventually(lambda: stored(cluster, CHILD_APIS["PodDisruptionBudget"], "identity"))
+    seen = len(list(cluster))
+    await patch(
+        cluster,
+        MODELS.format(ns="default") + "/identity",
+        {"spec": {"replicas": None, "autoscaling": {"minReplicas": 2, "maxReplicas": 5}}},
+    )
+    await eventually(
+        lambda: stored(cluster, CHILD_APIS["HorizontalPodAutoscaler"], "identity"), message="HPA"
+    )
+    applies = [
+        (r.params["fieldManager"], r.data["spec"])
+        for r in list(cluster)[seen:]
+        if r.method == "PATCH" and r.resource is not None and r.resource.plural == "deployments"
+    ]
+    assert applies[0] == ("kubetriton-operator-handover", {"replicas": 3})
+    assert applies[1][0] == "kubetriton-operator" and "replicas" not in applies[1][1]
+
+
 async def test_a_deleted_deployment_comes_back(cluster: ClusterEmulator, start_operator: StartOperator):
     await start_operator()
     await create_model(cluster, model_document("identity"))

@@ -65,6 +65,24 @@ def build_deployment(model: PyTritonModel) -> dict[str, Any]:
     return _object(DEPLOYMENT, model, spec)
 
 
+def build_replicas_handover(model: PyTritonModel, replicas: int) -> dict[str, Any]:
+    """The Deployment's current replica count alone, for a second field manager to co-own.
+
+    Under server-side apply, a field that its only manager stops applying is removed, and a
+    Deployment without replicas falls back to one. Applying the live count under another manager
+    first keeps it while the autoscaler takes the field over.
+    """
+    metadata: dict[str, Any] = {"name": model.metadata.name}
+    if model.metadata.namespace:
+        metadata["namespace"] = model.metadata.namespace
+    return {
+        "apiVersion": DEPLOYMENT.api_version,
+        "kind": DEPLOYMENT.kind,
+        "metadata": metadata,
+        "spec": {"replicas": replicas},
+    }
+
+
 def build_service(model: PyTritonModel) -> dict[str, Any]:
     """The Service clients use: Triton's HTTP, gRPC and metrics ports."""
     ports = model.spec.service.ports

@@ -20,6 +20,8 @@ import aiohttp
 import kopf
 
 FIELD_MANAGER = "kubetriton-operator"
+HANDOVER_FIELD_MANAGER = "kubetriton-operator-handover"
+"""Co-owns a Deployment's replica count while the autoscaler takes it over (see `children`)."""
 REQUEST_TIMEOUT_SECONDS = 30
 
 
@@ -141,7 +143,9 @@ class KubeApi:
                 raise KubeError(response.status, message)
             return json.loads(text) if text else {}
 
-    async def apply(self, obj: Mapping[str, Any], plural: str) -> dict[str, Any]:
+    async def apply(
+        self, obj: Mapping[str, Any], plural: str, field_manager: str = FIELD_MANAGER
+    ) -> dict[str, Any]:
         """Create or update an object by server-side apply."""
         metadata = obj["metadata"]
         path = resource_path(obj["apiVersion"], plural, metadata.get("namespace"), metadata["name"])
@@ -150,7 +154,7 @@ class KubeApi:
             path,
             body=obj,
             content_type="application/apply-patch+yaml",
-            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            params={"fieldManager": field_manager, "force": "true"},
         )
 
     async def delete(self, api_version: str, plural: str, namespace: str, name: str) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 import kopf
 from kubetriton.operator import children, naming, status
-from kubetriton.operator.kube import KubeApi, KubeError
+from kubetriton.operator.kube import HANDOVER_FIELD_MANAGER, KubeApi, KubeError
 from kubetriton.operator.spec import (
     GROUP,
     PLURAL,
@@ -112,11 +112,16 @@ class Reconciler:
         event_type = "Warning" if degraded["status"] == "True" else "Normal"
         kopf.event(ref, type=event_type, reason=new["reason"], message=new["message"] or new["reason"])
 
-    async def _apply_children(self, model: PyTritonModel, owner: Mapping[str, Any]) -> str:
+    async def _apply_children(
+        self, model: PyTritonModel, owner: Mapping[str, Any], deployed_replicas: int | None = None
+    ) -> str:
         """Apply the wanted children, delete the unwanted ones; say what was done."""
         monitor = await self.api.exists(
             CRD_API_VERSION, "customresourcedefinitions", None, children.SERVICE_MONITOR_CRD
         )
+        if model.spec.autoscaling is not None and deployed_replicas is not None:
+            handover = children.build_replicas_handover(model, deployed_replicas)
+            await self.api.apply(handover, children.DEPLOYMENT.plural, field_manager=HANDOVER_FIELD_MANAGER)
         applied, deleted = [], []
         for child in children.desired(model, service_monitor=monitor):
             kopf.append_owner_reference(child, owner=owner)
@@ -154,7 +159,9 @@ class Reconciler:
             )
             return
         try:
-            outcome = await self._apply_children(model, owner)
+            deployed = _first(model_deployments, (namespace, name))
+            replicas = deployed["spec"]["replicas"] if deployed else None
+            outcome = await self._apply_children(model, owner, replicas)
         except KubeError as error:
             await self.publish(
                 owner,
