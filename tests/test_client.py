@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
 import pytest
 from pytriton.client import (
+    AsyncioDecoupledModelClient,
+    AsyncioModelClient,
+    DecoupledModelClient,
+    FuturesModelClient,
     ModelClient,
     PyTritonClientClosedError,
     PyTritonClientInferenceServerError,
     PyTritonClientInvalidUrlError,
     PyTritonClientModelDoesntSupportBatchingError,
+    PyTritonClientQueueFullError,
     PyTritonClientTimeoutError,
     PyTritonClientValueError,
 )
@@ -64,6 +71,15 @@ def _headers(requests: list[Request]) -> list[dict[str, np.ndarray]]:
     ]
 
 
+def _stream(requests: list[Request]) -> Iterator[list[dict[str, np.ndarray]]]:
+    """Yields `x[0]` responses `x + i`; a negative `x[0]` yields one response, then fails."""
+    first = float(requests[0]["x"].flat[0])
+    for index in range(1 if first < 0 else int(first)):
+        yield [{"y": request["x"] + index} for request in requests]
+    if first < 0:
+        raise ValueError("stream broke")
+
+
 def _float_tensor(name: str) -> Tensor:
     return Tensor(name=name, shape=(-1,), dtype=np.float32)
 
@@ -105,6 +121,9 @@ def triton() -> Iterator[Triton]:
             [_float_tensor("x")],
             [_bytes_tensor("authorization"), _bytes_tensor("custom"), _bytes_tensor("parameter")],
             config=batching,
+        )
+        server.bind(
+            "stream", _stream, [_float_tensor("x")], [_float_tensor("y")], ModelConfig(decoupled=True)
         )
         yield server
 
@@ -268,3 +287,164 @@ def test_from_existing_client_reuses_the_config(triton: Triton) -> None:
         with ModelClient.from_existing_client(first) as second:
             assert second.model_config is first.model_config
             np.testing.assert_array_equal(second.infer_sample(np.array([4.0], np.float32))["y"], [8.0])
+
+
+def _floats(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
+
+
+@BOTH_URLS
+def test_request_response_clients_refuse_a_decoupled_model(triton: Triton, url: str) -> None:
+    with (
+        ModelClient(url, "stream", init_timeout_s=30) as client,
+        pytest.raises(PyTritonClientValueError, match="decoupled"),
+    ):
+        client.infer_sample(_floats(2.0))
+
+    async def query() -> None:
+        async with AsyncioModelClient(url, "stream") as client:
+            await client.infer_sample(_floats(2.0))
+
+    with pytest.raises(PyTritonClientValueError, match="decoupled"):
+        asyncio.run(query())
+
+
+def test_decoupled_clients_need_grpc_and_a_decoupled_model(triton: Triton) -> None:
+    with pytest.raises(PyTritonClientValueError, match="gRPC"):
+        DecoupledModelClient(HTTP_URL, "stream")
+    with pytest.raises(PyTritonClientValueError, match="gRPC"):
+        AsyncioDecoupledModelClient(HTTP_URL, "stream")
+    with (
+        DecoupledModelClient(GRPC_URL, "double") as client,
+        pytest.raises(PyTritonClientValueError, match="not decoupled"),
+    ):
+        list(client.infer_sample(_floats(1.0)))
+
+
+def test_decoupled_streaming(triton: Triton) -> None:
+    with DecoupledModelClient(GRPC_URL, "stream", init_timeout_s=30) as client:
+        several = list(client.infer_sample(_floats(3.0, 1.0)))
+        assert [result["y"].tolist() for result in several] == [[3.0, 1.0], [4.0, 2.0], [5.0, 3.0]]
+        assert list(client.infer_sample(_floats(0.0))) == []
+        batch = list(client.infer_batch(x=np.array([[2.0], [2.0]], np.float32)))
+        assert [result["y"].tolist() for result in batch] == [[[2.0], [2.0]], [[3.0], [3.0]]]
+
+        received = []
+        with pytest.raises(PyTritonClientInferenceServerError, match="stream broke"):
+            for result in client.infer_sample(_floats(-1.0)):
+                received.append(result)
+        assert [result["y"].tolist() for result in received] == [[-1.0]]
+
+        assert len(list(client.infer_sample(_floats(2.0)))) == 2
+        partial = client.infer_sample(_floats(5.0))
+        assert next(partial)["y"].tolist() == [5.0]
+        partial.close()
+        assert len(list(client.infer_sample(_floats(1.0)))) == 1
+
+
+def test_asyncio_decoupled_streaming(triton: Triton) -> None:
+    async def collect(results: AsyncIterator[dict[str, np.ndarray]]) -> list[list[float]]:
+        return [result["y"].tolist() async for result in results]
+
+    async def scenario() -> None:
+        async with AsyncioDecoupledModelClient(GRPC_URL, "stream", init_timeout_s=30) as client:
+            assert await collect(client.infer_sample(_floats(3.0))) == [[3.0], [4.0], [5.0]]
+            assert await collect(client.infer_sample(_floats(0.0))) == []
+            assert await collect(client.infer_batch(np.array([[1.0]], np.float32))) == [[[1.0]]]
+            received = []
+            with pytest.raises(PyTritonClientInferenceServerError, match="stream broke"):
+                async for result in client.infer_sample(_floats(-2.0)):
+                    received.append(result["y"].tolist())
+            assert received == [[-2.0]]
+            first, second = await asyncio.gather(
+                collect(client.infer_sample(_floats(2.0))), collect(client.infer_sample(_floats(1.0)))
+            )
+            assert (first, second) == ([[2.0], [3.0]], [[1.0]])
+
+    asyncio.run(scenario())
+
+
+@BOTH_URLS
+def test_futures_client(triton: Triton, url: str) -> None:
+    with FuturesModelClient(url, "double", max_workers=4) as client:
+        futures = [client.infer_sample(_floats(float(value))) for value in range(8)]
+        results = [future.result(timeout=30)["y"].tolist() for future in futures]
+        assert results == [[2.0 * value] for value in range(8)]
+        batch = client.infer_batch(x=np.array([[1.0], [2.0]], np.float32)).result(timeout=30)
+        assert batch["y"].tolist() == [[2.0], [4.0]]
+        assert client.model_config().result(timeout=30).max_batch_size == 8
+        assert client.wait_for_model(5).result(timeout=30) is None
+        failed = client.infer_sample(np.array([1.0]))
+        with pytest.raises(PyTritonClientInferenceServerError):
+            failed.result(timeout=30)
+    with pytest.raises(PyTritonClientClosedError):
+        client.infer_sample(_floats(1.0))
+
+
+def test_futures_client_runs_requests_in_parallel_and_bounds_the_queue(triton: Triton) -> None:
+    with FuturesModelClient(GRPC_URL, "slow", max_workers=3) as client:
+        client.wait_for_model(30).result()
+        started = time.monotonic()
+        futures = [client.infer_sample(_floats(1.0)) for _ in range(3)]
+        concurrent.futures.wait(futures, timeout=30)
+        assert all(future.result()["y"].tolist() == [1.0] for future in futures)
+        assert time.monotonic() - started < 2.5 * SLOW_MODEL_S
+    with FuturesModelClient(GRPC_URL, "slow", max_workers=1, non_blocking=True) as client:
+        running = client.infer_sample(_floats(1.0))
+        with pytest.raises(PyTritonClientQueueFullError):
+            client.infer_sample(_floats(1.0))
+        assert running.result(timeout=30)["y"].tolist() == [1.0]
+
+
+@BOTH_URLS
+def test_asyncio_client(triton: Triton, url: str) -> None:
+    async def scenario() -> None:
+        async with AsyncioModelClient(url, "double", lazy_init=False) as client:
+            assert (await client.model_config).max_batch_size == 8
+            sample = await client.infer_sample(_floats(1.0, 2.0))
+            assert sample["y"].tolist() == [2.0, 4.0]
+            batch = await client.infer_batch(x=np.array([[1.0], [3.0]], np.float32))
+            assert batch["y"].tolist() == [[2.0], [6.0]]
+            results = await asyncio.gather(*(client.infer_sample(_floats(float(v))) for v in range(6)))
+            assert [result["y"].tolist() for result in results] == [[2.0 * v] for v in range(6)]
+            await client.wait_for_model(5)
+        with pytest.raises(PyTritonClientClosedError):
+            await client.infer_sample(_floats(1.0))
+        async with AsyncioModelClient(url, "echo_bytes") as client:
+            values = np.array([b"a\x00\x00", b""], dtype=object)
+            assert list((await client.infer_sample(values))["text"]) == list(values)
+        async with AsyncioModelClient(url, "nobatch") as client:
+            with pytest.raises(PyTritonClientModelDoesntSupportBatchingError):
+                await client.infer_batch(np.array([[1.0]], np.float32))
+        async with AsyncioModelClient(url, "boom") as client:
+            with pytest.raises(PyTritonClientInferenceServerError, match="kaboom 42"):
+                await client.infer_sample(_floats(1.0))
+        async with AsyncioModelClient(url, "slow", inference_timeout_s=0.3) as client:
+            with pytest.raises(PyTritonClientTimeoutError):
+                await client.infer_sample(_floats(1.0))
+        async with AsyncioModelClient(url, "headers", access_token="t0k") as client:
+            result = await client.infer_sample(_floats(1.0), headers={"x-custom": "async"})
+            assert (result["authorization"][0], result["custom"][0]) == (b"Bearer t0k", b"async")
+
+    asyncio.run(scenario())
+    time.sleep(SLOW_MODEL_S)
+
+
+@pytest.mark.parametrize("scheme", ["http", "grpc"])
+def test_asyncio_connection_refused_is_not_a_timeout(triton: Triton, scheme: str) -> None:
+    with ModelClient(HTTP_URL if scheme == "http" else GRPC_URL, "double") as known:
+        config = known.model_config
+    url = f"{scheme}://localhost:{REFUSED_PORT}"
+
+    async def scenario() -> None:
+        async with AsyncioModelClient(
+            url, "double", model_config=config, ensure_model_is_ready=False
+        ) as client:
+            with pytest.raises(PyTritonClientInferenceServerError, match="connection refused") as caught:
+                await client.infer_sample(_floats(1.0))
+            assert not isinstance(caught.value, PyTritonClientTimeoutError)
+        async with AsyncioModelClient(url, "double", init_timeout_s=0.5) as client:
+            with pytest.raises(PyTritonClientTimeoutError, match="connection refused"):
+                await client.infer_sample(_floats(1.0))
+
+    asyncio.run(scenario())

@@ -9,6 +9,7 @@ PyTritonClientInferenceServerError carrying the server's message.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import socket
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import numpy as np
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
@@ -170,6 +172,21 @@ def build_inputs(
     return arrays
 
 
+def check_transaction_policy(config: TritonModelConfig, *, streaming: bool) -> None:
+    """A request-response client cannot read a decoupled model's responses, nor a streaming one a coupled
+    model's; say so instead of letting the call hang or fail obscurely."""
+    if config.decoupled and not streaming:
+        raise PyTritonClientValueError(
+            f"Model {config.model_name} is decoupled (it streams responses): "
+            "query it with DecoupledModelClient or AsyncioDecoupledModelClient over gRPC"
+        )
+    if streaming and not config.decoupled:
+        raise PyTritonClientValueError(
+            f"Model {config.model_name} is not decoupled: query it with ModelClient, FuturesModelClient "
+            "or AsyncioModelClient"
+        )
+
+
 def triton_inputs(module: Any, arrays: Mapping[str, np.ndarray], *, binary: bool) -> list[Any]:
     """tritonclient InferInput objects from `module` (tritonclient.http or tritonclient.grpc)."""
     result = []
@@ -217,6 +234,17 @@ def has_outputs(result: Any) -> bool:
     return len(result.get_response().outputs) > 0
 
 
+def _is_connection_refused(error: BaseException) -> bool:
+    """Refused by the socket layer, directly or wrapped (aiohttp keeps the cause in `os_error`)."""
+    return isinstance(error, ConnectionRefusedError) or isinstance(
+        getattr(error, "os_error", None), ConnectionRefusedError
+    )
+
+
+def _is_timeout(error: BaseException) -> bool:
+    return isinstance(error, (TimeoutError, socket.timeout, asyncio.TimeoutError))
+
+
 def translate_error(error: BaseException, *, endpoint: Endpoint, model_name: str) -> PyTritonClientError:
     """The client error for a tritonclient, gRPC or socket failure (see the module docstring)."""
     if isinstance(error, PyTritonClientError):
@@ -233,11 +261,23 @@ def translate_error(error: BaseException, *, endpoint: Endpoint, model_name: str
                 f"connection refused: cannot reach Triton at {endpoint.url}: {message}"
             )
         return PyTritonClientInferenceServerError(f"Model {model_name} at {endpoint.url} failed: {message}")
-    if isinstance(error, ConnectionRefusedError):
+    if isinstance(error, grpc.RpcError) and hasattr(error, "code"):
+        code = error.code()
+        details = error.details() if hasattr(error, "details") else str(error)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return PyTritonClientTimeoutError(
+                f"Model {model_name} at {endpoint.url} did not answer in time: {details}"
+            )
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return PyTritonClientInferenceServerError(
+                f"connection refused: cannot reach Triton at {endpoint.url}: {details}"
+            )
+        return PyTritonClientInferenceServerError(f"Model {model_name} at {endpoint.url} failed: {details}")
+    if _is_connection_refused(error):
         return PyTritonClientInferenceServerError(
             f"connection refused: nothing accepts connections at {endpoint.url} ({error})"
         )
-    if isinstance(error, (TimeoutError, socket.timeout)):
+    if _is_timeout(error):
         return PyTritonClientTimeoutError(
             f"Model {model_name} at {endpoint.url} did not answer in time: {error}"
         )
@@ -250,11 +290,11 @@ def translate_error(error: BaseException, *, endpoint: Endpoint, model_name: str
 
 def describe_probe_failure(error: BaseException, endpoint: Endpoint) -> str:
     """One line for the readiness wait's timeout message."""
-    if isinstance(error, ConnectionRefusedError) or (
+    if _is_connection_refused(error) or (
         isinstance(error, InferenceServerException) and "UNAVAILABLE" in str(error.status() or "")
     ):
         return f"connection refused at {endpoint.url}"
-    if isinstance(error, (TimeoutError, socket.timeout)):
+    if _is_timeout(error):
         return f"{endpoint.url} did not answer"
     if isinstance(error, InferenceServerException):
         return error.message() or str(error)

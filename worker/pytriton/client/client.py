@@ -8,11 +8,14 @@ positional inputs and to add or strip the batch axis.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import os
+import queue
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 import tritonclient.grpc
@@ -22,12 +25,18 @@ from pytriton.client import _protocol
 from pytriton.client._protocol import Endpoint
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
+    PyTritonClientError,
     PyTritonClientModelDoesntSupportBatchingError,
     PyTritonClientModelUnavailableError,
+    PyTritonClientQueueFullError,
     PyTritonClientTimeoutError,
     PyTritonClientValueError,
 )
 from pytriton.client.triton_model_config import TritonModelConfig
+
+_T = TypeVar("_T")
+_STREAM_GRACE_S = 5.0
+_SLOT_POLL_S = 0.1
 
 
 class _Transport:
@@ -108,6 +117,8 @@ class _Transport:
 
 
 class ModelClient:
+    _streaming = False
+
     """Synchronous client of one model on a Triton server.
 
     The first call that needs the model waits for the server and the model to be ready (at most
@@ -212,8 +223,7 @@ class ModelClient:
     ) -> dict[str, np.ndarray]:
         """Infer one sample: the batch axis is added to the inputs and removed from the outputs when the
         model batches."""
-        config = self._initialize()
-        arrays = _protocol.build_inputs(config, inputs, named_inputs, add_batch_axis=config.batching)
+        config, arrays = self._prepare(inputs, named_inputs, batch=False)
         return self._infer(config, arrays, parameters, headers, strip_batch_axis=config.batching)
 
     def infer_batch(
@@ -224,13 +234,20 @@ class ModelClient:
         **named_inputs: Any,
     ) -> dict[str, np.ndarray]:
         """Infer a batch: the first axis of every input is the batch axis."""
+        config, arrays = self._prepare(inputs, named_inputs, batch=True)
+        return self._infer(config, arrays, parameters, headers, strip_batch_axis=False)
+
+    def _prepare(
+        self, inputs: tuple[Any, ...], named_inputs: dict[str, Any], *, batch: bool
+    ) -> tuple[TritonModelConfig, dict[str, np.ndarray]]:
         config = self._initialize()
-        if not config.batching:
+        _protocol.check_transaction_policy(config, streaming=self._streaming)
+        if batch and not config.batching:
             raise PyTritonClientModelDoesntSupportBatchingError(
                 f"Model {self._model_name} has no batch axis (max_batch_size 0); use infer_sample"
             )
-        arrays = _protocol.build_inputs(config, inputs, named_inputs, add_batch_axis=False)
-        return self._infer(config, arrays, parameters, headers, strip_batch_axis=False)
+        add_batch_axis = config.batching and not batch
+        return config, _protocol.build_inputs(config, inputs, named_inputs, add_batch_axis=add_batch_axis)
 
     def _infer(
         self,
@@ -241,11 +258,6 @@ class ModelClient:
         *,
         strip_batch_axis: bool,
     ) -> dict[str, np.ndarray]:
-        if config.decoupled:
-            raise PyTritonClientValueError(
-                f"Model {self._model_name} is decoupled (it streams responses); "
-                "query it with DecoupledModelClient or AsyncioDecoupledModelClient over gRPC"
-            )
         self._check_open()
         try:
             result = self._transport.infer(config, self._version, arrays, parameters, self._headers(headers))
@@ -328,3 +340,267 @@ class ModelClient:
         raise PyTritonClientTimeoutError(
             f"Model {self._model_name} at {self.url} was not ready within {timeout_s:g} s ({last_problem})"
         )
+
+
+class DecoupledModelClient(ModelClient):
+    """Client of a decoupled (streaming) model over gRPC: `infer_sample` and `infer_batch` return an
+    iterator over the model's responses, zero or more. The request is sent when iteration starts; each
+    call uses its own gRPC stream, so an error in one call never leaks into the next. A server error in
+    the middle of a stream raises PyTritonClientInferenceServerError after the earlier responses.
+    """
+
+    _streaming = True
+
+    def __init__(
+        self,
+        url: str,
+        model_name: str,
+        model_version: str | None = None,
+        *,
+        lazy_init: bool = True,
+        init_timeout_s: float | None = None,
+        inference_timeout_s: float | None = None,
+        model_config: TritonModelConfig | None = None,
+        ensure_model_is_ready: bool = True,
+        access_token: str | None = None,
+    ) -> None:
+        if _protocol.parse_url(url).protocol != "grpc":
+            raise PyTritonClientValueError(
+                f"DecoupledModelClient streams over gRPC only; use a grpc:// URL instead of {url!r}"
+            )
+        super().__init__(
+            url,
+            model_name,
+            model_version,
+            lazy_init=lazy_init,
+            init_timeout_s=init_timeout_s,
+            inference_timeout_s=inference_timeout_s,
+            model_config=model_config,
+            ensure_model_is_ready=ensure_model_is_ready,
+            access_token=access_token,
+        )
+
+    def infer_sample(  # type: ignore[override]
+        self,
+        *inputs: Any,
+        parameters: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        **named_inputs: Any,
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Stream the responses to one sample (batch axis added and removed when the model batches)."""
+        config, arrays = self._prepare(inputs, named_inputs, batch=False)
+        return self._stream(config, arrays, parameters, headers, strip_batch_axis=config.batching)
+
+    def infer_batch(  # type: ignore[override]
+        self,
+        *inputs: Any,
+        parameters: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        **named_inputs: Any,
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Stream the responses to a batch (the first axis of every input)."""
+        config, arrays = self._prepare(inputs, named_inputs, batch=True)
+        return self._stream(config, arrays, parameters, headers, strip_batch_axis=False)
+
+    def _stream(
+        self,
+        config: TritonModelConfig,
+        arrays: dict[str, np.ndarray],
+        parameters: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+        *,
+        strip_batch_axis: bool,
+    ) -> Iterator[dict[str, np.ndarray]]:
+        self._check_open()
+        responses: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
+        client = tritonclient.grpc.InferenceServerClient(self._endpoint.address, ssl=self._endpoint.ssl)
+        try:
+            client.start_stream(
+                lambda result, error: responses.put((result, error)),
+                stream_timeout=self._inference_timeout_s,
+                headers=self._headers(headers),
+            )
+            client.async_stream_infer(
+                config.model_name,
+                _protocol.triton_inputs(tritonclient.grpc, arrays, binary=False),
+                model_version=self._version,
+                outputs=_protocol.requested_outputs(tritonclient.grpc, config, binary=False),
+                request_id=_protocol.new_request_id(),
+                enable_empty_final_response=True,
+                parameters=dict(parameters) if parameters else None,
+            )
+            while True:
+                try:
+                    result, error = responses.get(timeout=self._inference_timeout_s + _STREAM_GRACE_S)
+                except queue.Empty:
+                    raise PyTritonClientTimeoutError(
+                        f"Model {self._model_name} sent nothing in {self._inference_timeout_s:g} s"
+                    ) from None
+                self._check_open()
+                if error is not None:
+                    raise _protocol.translate_error(
+                        error, endpoint=self._endpoint, model_name=self._model_name
+                    )
+                if _protocol.has_outputs(result):
+                    yield _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
+                if _protocol.is_final_response(result):
+                    return
+        except PyTritonClientError:
+            raise
+        except Exception as error:
+            raise _protocol.translate_error(
+                error, endpoint=self._endpoint, model_name=self._model_name
+            ) from error
+        finally:
+            client.stop_stream(cancel_requests=True)
+            client.close()
+
+
+class FuturesModelClient:
+    """Runs requests on a thread pool and returns `concurrent.futures.Future` objects.
+
+    Each worker thread has its own ModelClient (tritonclient connections are not shared between threads);
+    the configuration read by the first one is reused by the others. At most `max_workers` requests are
+    queued or running: further submissions block, or raise PyTritonClientQueueFullError when
+    `non_blocking=True`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model_name: str,
+        model_version: str | None = None,
+        *,
+        max_workers: int | None = None,
+        non_blocking: bool = False,
+        init_timeout_s: float | None = None,
+        inference_timeout_s: float | None = None,
+        model_config: TritonModelConfig | None = None,
+        ensure_model_is_ready: bool = True,
+        access_token: str | None = None,
+    ) -> None:
+        if max_workers is not None and max_workers < 1:
+            raise PyTritonClientValueError(f"max_workers must be at least 1, not {max_workers}")
+        self._endpoint = _protocol.parse_url(url)
+        self._model_name = model_name
+        self._model_version = model_version
+        self._init_timeout_s = init_timeout_s
+        self._inference_timeout_s = inference_timeout_s
+        self._model_config = model_config
+        self._model_ready = not ensure_model_is_ready
+        self._access_token = access_token
+        self._max_workers = max_workers or min(32, (os.cpu_count() or 1) + 4)
+        self._non_blocking = non_blocking
+        self._slots = threading.BoundedSemaphore(self._max_workers)
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            self._max_workers, thread_name_prefix=f"pytriton-client-{model_name}"
+        )
+        self._local = threading.local()
+        self._clients: list[ModelClient] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __enter__(self) -> FuturesModelClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self, wait: bool = True) -> None:
+        """Stop accepting requests; with `wait`, finish the submitted ones first, otherwise cancel those not
+        started yet and release the connections once the running ones end."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if wait:
+            self._shutdown(cancel_futures=False)
+        else:
+            threading.Thread(target=self._shutdown, args=(True,), daemon=True).start()
+
+    def _shutdown(self, cancel_futures: bool) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=cancel_futures)
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
+
+    def wait_for_model(self, timeout_s: float) -> concurrent.futures.Future[None]:
+        return self._submit(lambda client: client.wait_for_model(timeout_s))
+
+    def model_config(self) -> concurrent.futures.Future[TritonModelConfig]:
+        return self._submit(lambda client: client.model_config)
+
+    def infer_sample(
+        self,
+        *inputs: Any,
+        parameters: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        **named_inputs: Any,
+    ) -> concurrent.futures.Future[dict[str, np.ndarray]]:
+        """Submit one sample; the future holds the outputs (see ModelClient.infer_sample)."""
+        return self._submit(
+            lambda client: client.infer_sample(
+                *inputs, parameters=parameters, headers=headers, **named_inputs
+            )
+        )
+
+    def infer_batch(
+        self,
+        *inputs: Any,
+        parameters: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        **named_inputs: Any,
+    ) -> concurrent.futures.Future[dict[str, np.ndarray]]:
+        """Submit a batch; the future holds the outputs (see ModelClient.infer_batch)."""
+        return self._submit(
+            lambda client: client.infer_batch(*inputs, parameters=parameters, headers=headers, **named_inputs)
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PyTritonClientClosedError(
+                f"The client of model {self._model_name} at {self._endpoint.url} is closed"
+            )
+
+    def _submit(self, call: Callable[[ModelClient], _T]) -> concurrent.futures.Future[_T]:
+        self._check_open()
+        if self._non_blocking:
+            if not self._slots.acquire(blocking=False):
+                raise PyTritonClientQueueFullError(
+                    f"{self._max_workers} requests to model {self._model_name} are already queued or running"
+                )
+        else:
+            while not self._slots.acquire(timeout=_SLOT_POLL_S):
+                self._check_open()
+        try:
+            self._check_open()
+            future = self._executor.submit(self._run, call)
+        except BaseException:
+            self._slots.release()
+            raise
+        future.add_done_callback(lambda _: self._slots.release())
+        return future
+
+    def _run(self, call: Callable[[ModelClient], _T]) -> _T:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            with self._lock:
+                self._check_open()
+                client = ModelClient(
+                    self._endpoint.url,
+                    self._model_name,
+                    self._model_version,
+                    init_timeout_s=self._init_timeout_s,
+                    inference_timeout_s=self._inference_timeout_s,
+                    model_config=self._model_config,
+                    ensure_model_is_ready=not self._model_ready,
+                    access_token=self._access_token,
+                )
+                self._clients.append(client)
+            self._local.client = client
+        result = call(client)
+        if client._model_config is not None and client._model_ready:
+            self._model_config = client._model_config
+            self._model_ready = True
+        return result

@@ -1,0 +1,395 @@
+"""asyncio PyTriton clients: the same requests as ModelClient and DecoupledModelClient, awaited on an event
+loop through tritonclient's aiohttp and grpc.aio clients.
+
+The tritonclient connection is created inside the running loop on first use, so a client may be
+constructed outside a coroutine. Every call is bounded by `inference_timeout_s` with `asyncio.wait_for`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import Any, TypeVar
+
+import numpy as np
+import tritonclient.grpc
+import tritonclient.grpc.aio
+import tritonclient.http
+import tritonclient.http.aio
+
+from pytriton.client import _protocol
+from pytriton.client.exceptions import (
+    PyTritonClientClosedError,
+    PyTritonClientError,
+    PyTritonClientModelDoesntSupportBatchingError,
+    PyTritonClientModelUnavailableError,
+    PyTritonClientTimeoutError,
+    PyTritonClientValueError,
+)
+from pytriton.client.triton_model_config import TritonModelConfig
+
+_T = TypeVar("_T")
+
+
+class AsyncioModelClient:
+    """asyncio client of one model on a Triton server; see ModelClient for the waiting, timeout and error
+    rules. Use `async with`, or `await close()`. With `lazy_init=False`, entering the context waits for
+    the model and reads its configuration."""
+
+    _streaming = False
+
+    def __init__(
+        self,
+        url: str,
+        model_name: str,
+        model_version: str | None = None,
+        *,
+        lazy_init: bool = True,
+        init_timeout_s: float | None = None,
+        inference_timeout_s: float | None = None,
+        model_config: TritonModelConfig | None = None,
+        ensure_model_is_ready: bool = True,
+        access_token: str | None = None,
+    ) -> None:
+        self._endpoint = _protocol.parse_url(url)
+        self._model_name = model_name
+        self._model_version = model_version
+        self._lazy_init = lazy_init
+        self._init_timeout_s = _protocol.DEFAULT_INIT_TIMEOUT_S if init_timeout_s is None else init_timeout_s
+        self._inference_timeout_s = (
+            _protocol.DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else inference_timeout_s
+        )
+        self._model_config = model_config
+        self._model_ready = not ensure_model_is_ready
+        self._access_token = access_token
+        self._client: Any = None
+        self._init_lock = asyncio.Lock()
+        self._closed = False
+
+    async def __aenter__(self) -> AsyncioModelClient:
+        if not self._lazy_init:
+            await self._initialize()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Release the connection; later calls raise PyTritonClientClosedError."""
+        if self._closed:
+            return
+        self._closed = True
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    @property
+    def url(self) -> str:
+        return self._endpoint.url
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @property
+    def model_version(self) -> str | None:
+        return self._model_version
+
+    @property
+    def model_config(self) -> Awaitable[TritonModelConfig]:
+        """`await client.model_config`: the model's configuration, read from the server on first use."""
+        return self._initialize()
+
+    async def get_model_config(self) -> TritonModelConfig:
+        return await self._initialize()
+
+    async def wait_for_model(self, timeout_s: float) -> None:
+        """Wait until the server and the model are ready; PyTritonClientTimeoutError after `timeout_s`."""
+        self._check_open()
+        await self._wait_until_ready(timeout_s)
+        self._model_ready = True
+
+    async def infer_sample(
+        self,
+        *inputs: Any,
+        parameters: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        **named_inputs: Any,
+    ) -> dict[str, np.ndarray]:
+        """Infer one sample (batch axis added and removed when the model batches)."""
+        config, arrays = await self._prepare(inputs, named_inputs, batch=False)
+        return await self._infer(config, arrays, parameters, headers, strip_batch_axis=config.batching)
+
+    async def infer_batch(
+        self,
+        *inputs: Any,
+        parameters: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        **named_inputs: Any,
+    ) -> dict[str, np.ndarray]:
+        """Infer a batch: the first axis of every input is the batch axis."""
+        config, arrays = await self._prepare(inputs, named_inputs, batch=True)
+        return await self._infer(config, arrays, parameters, headers, strip_batch_axis=False)
+
+    @property
+    def _is_grpc(self) -> bool:
+        return self._endpoint.protocol == "grpc"
+
+    @property
+    def _version(self) -> str:
+        return self._model_version or ""
+
+    def _headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+        return _protocol.merged_headers(self._access_token, headers, self._endpoint.protocol)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PyTritonClientClosedError(f"The client of model {self._model_name} at {self.url} is closed")
+
+    def _connection(self) -> Any:
+        self._check_open()
+        if self._client is None:
+            if self._is_grpc:
+                self._client = tritonclient.grpc.aio.InferenceServerClient(
+                    self._endpoint.address, ssl=self._endpoint.ssl
+                )
+            else:
+                self._client = tritonclient.http.aio.InferenceServerClient(
+                    self._endpoint.address, conn_timeout=self._inference_timeout_s, ssl=self._endpoint.ssl
+                )
+        return self._client
+
+    async def _call(self, awaitable: Awaitable[_T], timeout_s: float) -> _T:
+        """Await a tritonclient call within `timeout_s`, translating its failures."""
+        try:
+            return await asyncio.wait_for(awaitable, timeout_s)
+        except (PyTritonClientError, StopAsyncIteration):
+            raise
+        except Exception as error:
+            self._check_open()
+            raise _protocol.translate_error(
+                error, endpoint=self._endpoint, model_name=self._model_name
+            ) from error
+
+    async def _prepare(
+        self, inputs: tuple[Any, ...], named_inputs: dict[str, Any], *, batch: bool
+    ) -> tuple[TritonModelConfig, dict[str, np.ndarray]]:
+        config = await self._initialize()
+        _protocol.check_transaction_policy(config, streaming=self._streaming)
+        if batch and not config.batching:
+            raise PyTritonClientModelDoesntSupportBatchingError(
+                f"Model {self._model_name} has no batch axis (max_batch_size 0); use infer_sample"
+            )
+        add_batch_axis = config.batching and not batch
+        return config, _protocol.build_inputs(config, inputs, named_inputs, add_batch_axis=add_batch_axis)
+
+    async def _infer(
+        self,
+        config: TritonModelConfig,
+        arrays: dict[str, np.ndarray],
+        parameters: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+        *,
+        strip_batch_axis: bool,
+    ) -> dict[str, np.ndarray]:
+        client = self._connection()
+        module: Any = tritonclient.grpc if self._is_grpc else tritonclient.http
+        binary = not self._is_grpc
+        kwargs: dict[str, Any] = {"client_timeout": self._inference_timeout_s} if self._is_grpc else {}
+        call = client.infer(
+            config.model_name,
+            _protocol.triton_inputs(module, arrays, binary=binary),
+            model_version=self._version,
+            outputs=_protocol.requested_outputs(module, config, binary=binary),
+            request_id=_protocol.new_request_id(),
+            headers=self._headers(headers),
+            parameters=dict(parameters) if parameters else None,
+            **kwargs,
+        )
+        result = await self._call(call, self._inference_timeout_s)
+        return _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
+
+    async def _initialize(self) -> TritonModelConfig:
+        self._check_open()
+        async with self._init_lock:
+            self._check_open()
+            if self._model_config is not None and self._model_ready:
+                return self._model_config
+            if not self._model_ready:
+                await self._wait_until_ready(self._init_timeout_s)
+                self._model_ready = True
+            if self._model_config is None:
+                client = self._connection()
+                if self._is_grpc:
+                    call = client.get_model_config(
+                        self._model_name, self._version, headers=self._headers(), as_json=True
+                    )
+                else:
+                    call = client.get_model_config(self._model_name, self._version, headers=self._headers())
+                raw = await self._call(call, self._inference_timeout_s)
+                self._model_config = TritonModelConfig.from_triton_json(raw, self._model_version)
+            return self._model_config
+
+    async def _probe(self, timeout_s: float) -> str | None:
+        """None when the server and the model are ready, otherwise what is not ready yet."""
+        client = self._connection()
+        headers = self._headers()
+        if not await asyncio.wait_for(client.is_server_ready(headers=headers), timeout_s):
+            return f"Triton at {self.url} is not ready"
+        if not await asyncio.wait_for(
+            client.is_model_ready(self._model_name, self._version, headers=headers), timeout_s
+        ):
+            return f"model {self._model_name} is not ready"
+        return None
+
+    async def _model_state(self, timeout_s: float) -> tuple[str, str] | None:
+        client = self._connection()
+        if self._is_grpc:
+            index = await asyncio.wait_for(
+                client.get_model_repository_index(headers=self._headers(), as_json=True), timeout_s
+            )
+            models = index.get("models", [])
+        else:
+            models = await asyncio.wait_for(
+                client.get_model_repository_index(headers=self._headers()), timeout_s
+            )
+        for model in models:
+            if model.get("name") == self._model_name:
+                return str(model.get("state", "")), str(model.get("reason", ""))
+        return None
+
+    async def _wait_until_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        probe_timeout = max(0.1, min(_protocol.READINESS_PROBE_TIMEOUT_S, timeout_s))
+        last_problem = "no answer yet"
+        while True:
+            try:
+                problem = await self._probe(probe_timeout)
+            except PyTritonClientClosedError:
+                raise
+            except Exception as error:
+                problem = _protocol.describe_probe_failure(error, self._endpoint)
+            if problem is None:
+                return
+            last_problem = problem
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await asyncio.sleep(min(_protocol.READINESS_POLL_S, remaining))
+        state = None
+        with contextlib.suppress(Exception):
+            state = await self._model_state(probe_timeout)
+        if state is not None and state[0] == "UNAVAILABLE" and state[1]:
+            raise PyTritonClientModelUnavailableError(
+                f"Model {self._model_name} at {self.url} is unavailable: {state[1]}"
+            )
+        raise PyTritonClientTimeoutError(
+            f"Model {self._model_name} at {self.url} was not ready within {timeout_s:g} s ({last_problem})"
+        )
+
+
+class AsyncioDecoupledModelClient(AsyncioModelClient):
+    """asyncio client of a decoupled (streaming) model over gRPC: `infer_sample` and `infer_batch` are
+    async iterators over the model's responses, zero or more (`async for result in client.infer_sample(x)`).
+    Each call uses its own gRPC stream, which ends once the server has sent every response to the request.
+    A server error in the middle of a stream raises PyTritonClientInferenceServerError after the earlier
+    responses.
+    """
+
+    _streaming = True
+
+    def __init__(
+        self,
+        url: str,
+        model_name: str,
+        model_version: str | None = None,
+        *,
+        lazy_init: bool = True,
+        init_timeout_s: float | None = None,
+        inference_timeout_s: float | None = None,
+        model_config: TritonModelConfig | None = None,
+        ensure_model_is_ready: bool = True,
+        access_token: str | None = None,
+    ) -> None:
+        if _protocol.parse_url(url).protocol != "grpc":
+            raise PyTritonClientValueError(
+                f"AsyncioDecoupledModelClient streams over gRPC only; use a grpc:// URL instead of {url!r}"
+            )
+        super().__init__(
+            url,
+            model_name,
+            model_version,
+            lazy_init=lazy_init,
+            init_timeout_s=init_timeout_s,
+            inference_timeout_s=inference_timeout_s,
+            model_config=model_config,
+            ensure_model_is_ready=ensure_model_is_ready,
+            access_token=access_token,
+        )
+
+    async def infer_sample(  # type: ignore[override]
+        self,
+        *inputs: Any,
+        parameters: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        **named_inputs: Any,
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """Stream the responses to one sample (batch axis added and removed when the model batches)."""
+        config, arrays = await self._prepare(inputs, named_inputs, batch=False)
+        async for outputs in self._stream(
+            config, arrays, parameters, headers, strip_batch_axis=config.batching
+        ):
+            yield outputs
+
+    async def infer_batch(  # type: ignore[override]
+        self,
+        *inputs: Any,
+        parameters: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        **named_inputs: Any,
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """Stream the responses to a batch (the first axis of every input)."""
+        config, arrays = await self._prepare(inputs, named_inputs, batch=True)
+        async for outputs in self._stream(config, arrays, parameters, headers, strip_batch_axis=False):
+            yield outputs
+
+    async def _stream(
+        self,
+        config: TritonModelConfig,
+        arrays: dict[str, np.ndarray],
+        parameters: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+        *,
+        strip_batch_axis: bool,
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        request = {
+            "model_name": config.model_name,
+            "inputs": _protocol.triton_inputs(tritonclient.grpc, arrays, binary=False),
+            "model_version": self._version,
+            "outputs": _protocol.requested_outputs(tritonclient.grpc, config, binary=False),
+            "request_id": _protocol.new_request_id(),
+            "parameters": dict(parameters) if parameters else None,
+        }
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            yield request
+
+        responses = self._connection().stream_infer(
+            requests(), stream_timeout=self._inference_timeout_s, headers=self._headers(headers)
+        )
+        try:
+            while True:
+                try:
+                    result, error = await self._call(anext(responses), self._inference_timeout_s)
+                except StopAsyncIteration:
+                    return
+                if error is not None:
+                    raise _protocol.translate_error(
+                        error, endpoint=self._endpoint, model_name=self._model_name
+                    )
+                if _protocol.has_outputs(result):
+                    yield _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
+        finally:
+            responses.cancel()
