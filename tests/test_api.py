@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from pytriton.decorators import batch, triton_context
 from pytriton.exceptions import PyTritonModelConfigError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
+from tritonclient.utils import InferenceServerException
+
 from tests.conftest import free_ports, shm_entries
 
 STREAM_TIMEOUT_S = 20.0
