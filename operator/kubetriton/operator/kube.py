@@ -64,7 +64,8 @@ def _pem(data: str | bytes) -> str:
     return (raw if raw.lstrip().startswith(b"-----") else base64.b64decode(raw)).decode()
 
 
-def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
+def ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
+    """TLS for the API server: its CA and our client certificate, or False when told not to verify."""
     if info.insecure:
         return False
     context = ssl.create_default_context(
@@ -116,7 +117,7 @@ class KubeApi:
                 base_url=info.server.rstrip("/"),
                 headers=headers,
                 auth=auth,
-                connector=aiohttp.TCPConnector(ssl=_ssl_context(info)),
+                connector=aiohttp.TCPConnector(ssl=ssl_context(info)),
                 timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
             )
         return self._session
