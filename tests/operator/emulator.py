@@ -8,7 +8,7 @@ object store (so `objects` and the recorded requests stay available to assertion
 - `uid`, `creationTimestamp`, `generation` on create (and a name from `generateName`), and one
   cluster-wide `resourceVersion` counter stamped on every change and watch event, deletions included;
 - `generation` bumped when a change touches `spec`;
-- JSON patches (kopf's finalizer and annotation patches), with a failed `test` answered by 422;
+- JSON patches (kopf adds and removes finalizers with them), with a failed `test` answered by 422;
 - server-side apply as the operator sends it: create when absent, otherwise merge;
 - lists that report the current resourceVersion, and watches that subscribe before they replay,
   then replay either the current objects or, when a resourceVersion is named, the events after it.
