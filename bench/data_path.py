@@ -15,6 +15,7 @@ It prints every figure and the ratio kubetriton / limit (for latency, lower is b
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import secrets
@@ -29,7 +30,6 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-
 from kubetriton.podenv import REPOSITORY_TOKEN_HEADER
 from kubetriton.server import LocalTritonServer
 from kubetriton.triton_home import locate
@@ -39,7 +39,7 @@ from pytriton.triton import Triton, TritonConfig
 HTTP, GRPC, METRICS = 18500, 18501, 18502
 MAX_BATCH = 64
 
-NATIVE_DOUBLE = '''
+NATIVE_DOUBLE = """
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
@@ -49,8 +49,8 @@ class TritonPythonModel:
             x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x * 2)]))
         return responses
-'''
-NATIVE_ECHO = '''
+"""
+NATIVE_ECHO = """
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
@@ -60,7 +60,7 @@ class TritonPythonModel:
             text = pb_utils.get_input_tensor_by_name(request, "text").as_numpy()
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("out", text)]))
         return responses
-'''
+"""
 
 
 def native_config(name: str, input_name: str, output_name: str, data_type: str) -> str:
@@ -116,7 +116,7 @@ def client_workloads(models: dict[str, str], quick: bool) -> dict[str, float]:
     try:
         for protocol, client, module in (("http", http, httpclient), ("grpc", grpc, grpcclient)):
             inputs = [http_input("x", x16, module)]
-            samples = timed(lambda: client.infer(models["double"], inputs), count, count // 10)
+            samples = timed(functools.partial(client.infer, models["double"], inputs), count, count // 10)
             figures[f"W1 {protocol} p50 ms"] = statistics.quantiles(samples, n=100)[49] * 1000
             figures[f"W1 {protocol} p99 ms"] = statistics.quantiles(samples, n=100)[98] * 1000
 
@@ -127,7 +127,9 @@ def client_workloads(models: dict[str, str], quick: bool) -> dict[str, float]:
             inputs = [http_input("x", big)]
             outputs = [httpclient.InferRequestedOutput("y", binary_data=True)]
             rounds = 3 if quick else 10
-            samples = timed(lambda: http.infer(models["double"], inputs, outputs=outputs), rounds, 2)
+            samples = timed(
+                functools.partial(http.infer, models["double"], inputs, outputs=outputs), rounds, 2
+            )
             figures[f"W3 {mib} MiB MB/s"] = (2 * big.nbytes / 1e6) / statistics.median(samples)
 
         strings = np.array([[secrets.token_bytes(400) for _ in range(32)]], dtype=object)
@@ -214,14 +216,19 @@ def measure_kubetriton(quick: bool) -> dict[str, float]:
             config=batching,
         )
         triton.bind(
-            "echo", echo, [Tensor(name="text", shape=(-1,), dtype=bytes)], [Tensor(name="out", shape=(-1,), dtype=bytes)],
+            "echo",
+            echo,
+            [Tensor(name="text", shape=(-1,), dtype=bytes)],
+            [Tensor(name="out", shape=(-1,), dtype=bytes)],
             config=batching,
         )
         return run_workloads({"double": "double", "echo": "echo"}, quick)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer samples, for a smoke run")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()

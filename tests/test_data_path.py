@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
-
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
 from tests.conftest import free_ports, shm_entries
 
 ARENA_BYTES = 8 * 1024 * 1024
@@ -76,7 +76,10 @@ def server() -> Iterator[dict[str, str]]:
                 "forgets_an_output",
                 forgets_an_output,
                 FLOAT_IN,
-                [Tensor(name="first", shape=(-1,), dtype=np.float32), Tensor(name="second", shape=(-1,), dtype=np.float32)],
+                [
+                    Tensor(name="first", shape=(-1,), dtype=np.float32),
+                    Tensor(name="second", shape=(-1,), dtype=np.float32),
+                ],
                 config=batching,
             )
             triton.bind("writes_into_input", writes_into_input, FLOAT_IN, FLOAT_OUT, config=batching)
@@ -94,7 +97,7 @@ def server() -> Iterator[dict[str, str]]:
             os.environ.pop("KUBETRITON_ARENA_BYTES", None)
         else:
             os.environ["KUBETRITON_ARENA_BYTES"] = previous
-    leaked = {name for name in shm_entries() - shm_before if "kubetriton" in name or "triton_python" in name}
+    leaked = {name for name in shm_entries() - shm_before if name.startswith(f"kubetriton-{os.getpid()}-")}
     assert not leaked, f"shared memory left behind after stop: {leaked}"
 
 
@@ -153,7 +156,9 @@ def test_callable_exception_reaches_client_without_traceback(server, protocol):
     message = caught.value.message()
     assert "ValueError: the model cannot do that" in message
     assert "Traceback" not in message and ".py" not in message
-    assert np.array_equal(infer(server, protocol, "double", {"x": np.ones((1, 2), np.float32)})["y"], [[2, 2]])
+    assert np.array_equal(
+        infer(server, protocol, "double", {"x": np.ones((1, 2), np.float32)})["y"], [[2, 2]]
+    )
 
 
 def test_missing_declared_output_is_an_error(server):
@@ -182,12 +187,14 @@ def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(server, proto
         infer(server, protocol, "double", inputs)
     if protocol == "http":
         assert caught.value.status() == "400"
-    assert np.array_equal(infer(server, protocol, "double", {"x": np.ones((1, 2), np.float32)})["y"], [[2, 2]])
+    assert np.array_equal(
+        infer(server, protocol, "double", {"x": np.ones((1, 2), np.float32)})["y"], [[2, 2]]
+    )
 
 
 def test_tensor_larger_than_the_arena_gets_a_clear_error_and_nothing_leaks(server):
     too_big = np.ones((1, ARENA_BYTES // 4 + 1024), np.float32)
-    with pytest.raises(InferenceServerException, match="too large.*arena"):
+    with pytest.raises(InferenceServerException, match=r"too large.*arena"):
         infer(server, "http", "double", {"x": too_big})
     fits = np.ones((1, ARENA_BYTES // 16), np.float32)
     for _ in range(4):  # would exhaust the arena if the failed request had leaked its blocks

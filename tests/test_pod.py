@@ -33,10 +33,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import yaml
 import zmq
-from tritonclient.utils import InferenceServerException
-
 from kubetriton import podenv
 from kubetriton.triton_home import locate
+from tritonclient.utils import InferenceServerException
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".venv" / "pod-test"
@@ -80,8 +79,18 @@ def sidecar_environment() -> tuple[Path, Path]:
         (python_env / "ready").touch()
     if not list(wheels.glob(f"pyzmq-{zmq.__version__}-cp{PY_VERSION.replace('.', '')}-*.whl")):
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-             f"pyzmq=={zmq.__version__}", "-d", str(wheels)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+                f"pyzmq=={zmq.__version__}",
+                "-d",
+                str(wheels),
+            ],
             check=True,
         )
     return python_env, wheels
@@ -108,7 +117,9 @@ class Pod:
     def __init__(self, tmp_path: Path) -> None:
         rendered = subprocess.run(
             [sys.executable, "-m", "kubetriton.cli", "render", str(REPO / "examples/identity/model.yaml")],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
         deployment = next(doc for doc in yaml.safe_load_all(rendered) if doc and doc["kind"] == "Deployment")
         self.spec = deployment["spec"]["template"]["spec"]
@@ -123,14 +134,15 @@ class Pod:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def mapped(self, value: str) -> str:
-        return (
-            value.replace(podenv.WORKSPACE_MOUNT, str(self.workspace))
-            .replace("/app/serve.py", str(self.script))
+        return value.replace(podenv.WORKSPACE_MOUNT, str(self.workspace)).replace(
+            "/app/serve.py", str(self.script)
         )
 
     def environment(self, name: str, **extra: str) -> dict[str, str]:
         env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
-        env.update({item["name"]: self.mapped(item["value"]) for item in self.containers[name].get("env", [])})
+        env.update(
+            {item["name"]: self.mapped(item["value"]) for item in self.containers[name].get("env", [])}
+        )
         env.update(extra)
         return env
 
@@ -143,7 +155,9 @@ class Pod:
         if command[0] in ("python", "kubetriton"):
             command[0] = str(Path(sys.executable).parent / command[0])
         log = (self.tmp_path / f"{name}.log").open("ab")
-        process = subprocess.Popen(command, env=self.environment(name, **extra_env), stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, env=self.environment(name, **extra_env), stdout=log, stderr=subprocess.STDOUT
+        )
         self.processes[name] = process
         return process
 
@@ -225,7 +239,9 @@ def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path
     def sidecar_live() -> bool:
         assert sidecar.poll() is None, pod.log("triton")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{podenv.HTTP_PORT}/v2/health/live", timeout=1) as response:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{podenv.HTTP_PORT}/v2/health/live", timeout=1
+            ) as response:
                 return response.status == 200
         except (urllib.error.URLError, ConnectionError):
             return False

@@ -41,7 +41,9 @@ def code_blocks(seed_prefix: str) -> list[Block]:
     blocks = []
     for match in re.finditer(r"```python\n(.*?)```", text, re.S):
         preceding = text[: match.start()].rstrip().splitlines()[-1:]
-        blocks.append(Block(match.group(1), continues=any("pytest-codeblocks:cont" in line for line in preceding)))
+        blocks.append(
+            Block(match.group(1), continues=any("pytest-codeblocks:cont" in line for line in preceding))
+        )
     return blocks
 
 
@@ -125,7 +127,8 @@ def run_seed(tmp_path):
         if server.process.poll() is None:
             server.process.kill()
             server.process.wait()
-    leaked = {name for name in shm_entries() - shm_before if "kubetriton" in name or "triton_python" in name}
+    prefixes = tuple(f"kubetriton-{server.process.pid}-" for server in servers)
+    leaked = {name for name in shm_entries() - shm_before if name.startswith(prefixes)}
     assert not leaked, f"shared memory left behind: {leaked}"
 
 
@@ -136,8 +139,13 @@ def test_inference_callables_seed_binds_every_kind_of_callable_unchanged(run_see
     server = run_seed("\n".join(chain))
     assert server.process.wait(120) == 0
     log = server.log.read_text()
-    for model in ("MyInferenceFunction", "MyInferenceCallable", "AlternativeInferenceCallable",
-                  "MyInferenceCoroutine", "StreamingInferenceCallable"):
+    for model in (
+        "MyInferenceFunction",
+        "MyInferenceCallable",
+        "AlternativeInferenceCallable",
+        "MyInferenceCoroutine",
+        "StreamingInferenceCallable",
+    ):
         assert f"successfully loaded '{model}'" in log
 
 
@@ -152,7 +160,7 @@ def test_identity_lambda_seed_answers_its_input(run_seed, protocol):
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_batch_decorated_bytes_seed_with_strict_outputs(run_seed, protocol):
-    """Seed 002's first block: `@batch` over two bytes inputs, strict output checking; `model` is the user's."""
+    """Seed 002's first block: `@batch` over two bytes inputs, strict outputs; `model` is the user's."""
     user_model = textwrap.dedent(
         """
         import numpy as np
@@ -185,7 +193,10 @@ def test_background_mode_seed_runs_and_stops_in_process(monkeypatch):
         input2 = np.array([[10.0, 20.0, 30.0], [40.0, 50.0, 60.0]], dtype=np.float32)
         for module, port in ((httpclient, http), (grpcclient, grpc)):
             client = module.InferenceServerClient(f"localhost:{port}")
-            tensors = [module.InferInput(name, list(a.shape), "FP32") for name, a in (("INPUT_1", input1), ("INPUT_2", input2))]
+            tensors = [
+                module.InferInput(name, list(a.shape), "FP32")
+                for name, a in (("INPUT_1", input1), ("INPUT_2", input2))
+            ]
             tensors[0].set_data_from_numpy(input1)
             tensors[1].set_data_from_numpy(input2)
             assert np.array_equal(client.infer("MyModel", tensors).as_numpy("OUTPUT_1"), input1 + input2)

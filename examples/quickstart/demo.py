@@ -5,7 +5,6 @@ through the proxy model over ZeroMQ and shared memory, exactly as in a Kubernete
 """
 
 import numpy as np
-
 from pytriton.client import ModelClient
 from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
@@ -23,8 +22,14 @@ def main() -> None:
         triton.bind(
             model_name="AddAndScale",
             infer_func=add_and_scale,
-            inputs=[Tensor(name="a", dtype=np.float32, shape=(-1,)), Tensor(name="b", dtype=np.float32, shape=(-1,))],
-            outputs=[Tensor(name="sum", dtype=np.float32, shape=(-1,)), Tensor(name="scaled", dtype=np.float32, shape=(-1,))],
+            inputs=[
+                Tensor(name="a", dtype=np.float32, shape=(-1,)),
+                Tensor(name="b", dtype=np.float32, shape=(-1,)),
+            ],
+            outputs=[
+                Tensor(name="sum", dtype=np.float32, shape=(-1,)),
+                Tensor(name="scaled", dtype=np.float32, shape=(-1,)),
+            ],
             config=ModelConfig(max_batch_size=16),
         )
         a = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
@@ -32,7 +37,9 @@ def main() -> None:
         for url in ("http://localhost:18000", "grpc://localhost:18001"):
             with ModelClient(url, "AddAndScale") as client:
                 result = client.infer_batch(a=a, b=b)
-            print(f"{url}: a + b = {result['sum'][0].tolist()}, (a + b) * 10 = {result['scaled'][0].tolist()}")
+            print(
+                f"{url}: a + b = {result['sum'][0].tolist()}, (a + b) * 10 = {result['scaled'][0].tolist()}"
+            )
             assert np.array_equal(result["sum"], a + b)
 
 

@@ -22,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
         top = argparse.ArgumentParser(prog="kubetriton")
-        top.add_argument("command", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v[1]}" for k, v in COMMANDS.items()))
+        top.add_argument(
+            "command", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v[1]}" for k, v in COMMANDS.items())
+        )
         top.parse_args(argv[:1])
         return 2
     module_name, help_text = COMMANDS[argv[0]]

@@ -35,12 +35,16 @@ class WorkerCollector(Collector):
     def __init__(self, workers: Callable[[], Iterable[ModelWorker]]) -> None:
         self._workers = workers
 
-    def collect(self):  # noqa: ANN201 - the prometheus_client collector protocol
+    def collect(self):
         requests = CounterMetricFamily("kubetriton_requests", "Inference requests handled", labels=["model"])
-        failures = CounterMetricFamily("kubetriton_request_failures", "Inference requests that failed", labels=["model"])
+        failures = CounterMetricFamily(
+            "kubetriton_request_failures", "Inference requests that failed", labels=["model"]
+        )
         busy = CounterMetricFamily("kubetriton_busy_seconds", "Time spent serving requests", labels=["model"])
         in_flight = GaugeMetricFamily("kubetriton_in_flight", "Requests being served now", labels=["model"])
-        attached = GaugeMetricFamily("kubetriton_attached", "1 when every proxy instance is attached", labels=["model"])
+        attached = GaugeMetricFamily(
+            "kubetriton_attached", "1 when every proxy instance is attached", labels=["model"]
+        )
         for worker in self._workers():
             name = [worker.spec.name]
             requests.add_metric(name, sum(instance.requests for instance in worker.instances))
@@ -72,7 +76,7 @@ class HealthServer:
         health = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 if self.path == "/livez":
                     ok, body = health.live()
                 elif self.path == "/readyz":
@@ -90,7 +94,9 @@ class HealthServer:
                 return
 
         self._server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="kubetriton-health", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="kubetriton-health", daemon=True
+        )
 
     def start(self) -> None:
         self._thread.start()

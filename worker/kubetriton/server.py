@@ -18,9 +18,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from pytriton.exceptions import PyTritonRuntimeError
+
 from kubetriton.podenv import tritonserver_args
 from kubetriton.triton_home import TritonHome
-from pytriton.exceptions import PyTritonRuntimeError
 
 LIVENESS_POLL_S = 0.05
 
@@ -101,7 +102,9 @@ class LocalTritonServer:
             wait_until_live(self.http_url, timeout_s, self.is_running)
         except PyTritonRuntimeError as error:
             self.stop()
-            raise PyTritonRuntimeError(f"{error}. Last lines of {self._log_path}:\n{self.log_tail()}") from None
+            raise PyTritonRuntimeError(
+                f"{error}. Last lines of {self._log_path}:\n{self.log_tail()}"
+            ) from None
 
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None

@@ -115,7 +115,17 @@ def install(root: Path | None = None) -> Path:
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root.parent) as staging:
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", staging, WHEEL_REQUIREMENT],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--target",
+                staging,
+                WHEEL_REQUIREMENT,
+            ],
             check=True,
         )
         kept = Path(staging) / "kept"

@@ -32,7 +32,10 @@ class PyTritonModelConfigError(PyTritonError):
 
 
 class PyTritonUnrecoverableError(PyTritonError):
-    """Raised by a callable when no further inference is possible: serving stops and the process exits non-zero."""
+    """Raised by a callable when no further inference is possible.
+
+    The client gets an error, serving stops, and the process exits non-zero so that an orchestrator
+    restarts it."""
 
 
 class PyTritonRuntimeError(PyTritonError):

@@ -65,7 +65,9 @@ def install_runtime(runtime: Path, wheels: Path, python: str) -> None:
     package = Path(kubetriton.__file__).parent
     sidecar = Path(kubetriton.sidecar.__file__).parent
     for module in PROXY_MODULES:
-        source = sidecar / module.removeprefix("sidecar/") if module.startswith("sidecar/") else package / module
+        source = (
+            sidecar / module.removeprefix("sidecar/") if module.startswith("sidecar/") else package / module
+        )
         target = runtime / "kubetriton" / module
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
@@ -81,9 +83,13 @@ def write_repository_token(workspace: Path) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workspace", type=Path, default=Path(os.environ.get(podenv.ENV_WORKSPACE, podenv.WORKSPACE_MOUNT)))
+    parser.add_argument(
+        "--workspace", type=Path, default=Path(os.environ.get(podenv.ENV_WORKSPACE, podenv.WORKSPACE_MOUNT))
+    )
     parser.add_argument("--triton-image", default=os.environ.get(ENV_TRITON_IMAGE, podenv.TRITON_IMAGE))
-    parser.add_argument("--wheels", type=Path, default=Path(os.environ.get(ENV_SIDECAR_WHEELS, DEFAULT_WHEELS)))
+    parser.add_argument(
+        "--wheels", type=Path, default=Path(os.environ.get(ENV_SIDECAR_WHEELS, DEFAULT_WHEELS))
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,5 +102,7 @@ def run(args: argparse.Namespace) -> int:
     except BootstrapError as error:
         print(f"kubetriton bootstrap: {error}")
         return 1
-    print(f"kubetriton bootstrap: runtime for Python {python} ready in {args.workspace / podenv.RUNTIME_SUBDIR}")
+    print(
+        f"kubetriton bootstrap: runtime for Python {python} ready in {args.workspace / podenv.RUNTIME_SUBDIR}"
+    )
     return 0

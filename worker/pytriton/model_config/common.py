@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 
 class DeviceKind(enum.Enum):
-    """Where Triton places a model instance. Proxy instances always run on the CPU: the callable owns the GPU."""
+    """Where Triton places a model instance.
+
+    Proxy instances always run on the CPU: the worker, which runs the callable, owns the GPUs."""
 
     KIND_AUTO = "KIND_AUTO"
     KIND_CPU = "KIND_CPU"
