@@ -7,11 +7,9 @@ cd "$(dirname "$0")/.."
 
 find_python() {
   if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
-  for candidate in python3.12; do
-    if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys' >/dev/null 2>&1; then
-      command -v "$candidate"; return
-    fi
-  done
+  if command -v python3.12 >/dev/null 2>&1 && python3.12 -c 'import sys' >/dev/null 2>&1; then
+    command -v python3.12; return
+  fi
   if command -v pyenv >/dev/null 2>&1; then
     for version in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.12\.[0-9]+$' | sort -V -r); do
       echo "$(pyenv root)/versions/$version/bin/python3"; return
