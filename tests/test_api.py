@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import queue
+import secrets
 import threading
 import time
 import urllib.request
@@ -29,6 +31,8 @@ from tests.conftest import free_ports, shm_entries
 
 STREAM_TIMEOUT_S = 20.0
 INSTANCE_SLEEP_S = 0.4
+ARENA_BYTES = 8 * 1024 * 1024
+BIG_BLOCK = 256 * 1024
 X = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
 Y = [Tensor(name="y", shape=(-1,), dtype=np.float32)]
 STREAM_IN = [Tensor(name="n", shape=(1,), dtype=np.int32), Tensor(name="fail_at", shape=(1,), dtype=np.int32)]
@@ -63,6 +67,13 @@ async def async_stream(requests):
         if i == fail_at:
             raise RuntimeError(f"async stream broke at {i}")
         yield [{"i": np.array([i * 10], np.int32)}]
+
+
+def big_stream(requests):
+    """Streams n responses of 1 MiB each: more than the response arena holds at once."""
+    ((n, _),) = (_count(request) for request in requests)
+    for i in range(n):
+        yield [{"block": np.full(BIG_BLOCK, i, np.float32)}]
 
 
 def returns_a_generator(requests):
@@ -112,19 +123,31 @@ def flags(requests):
 @pytest.fixture(scope="module")
 def server() -> Iterator[dict[str, Any]]:
     http, grpc, metrics = free_ports(3)
-    shm_before = shm_entries()
+    server_id = f"api-{os.getpid()}-{secrets.token_hex(4)}"
     config = TritonConfig(
+        id=server_id,
         http_port=http,
         grpc_port=grpc,
         metrics_port=metrics,
         http_header_forward_pattern="x-.*",
         grpc_header_forward_pattern="x-.*",
     )
-    with Triton(config=config) as triton:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("KUBETRITON_ARENA_BYTES", str(ARENA_BYTES))
+        triton = Triton(config=config)
+        triton.run()
+    with triton:
         decoupled = ModelConfig(decoupled=True, batching=False)
         triton.bind("async_double", async_double, X, Y, config=ModelConfig(max_batch_size=8))
         triton.bind("stream", stream, STREAM_IN, STREAM_OUT, config=decoupled)
         triton.bind("async_stream", async_stream, STREAM_IN, STREAM_OUT, config=decoupled)
+        triton.bind(
+            "big_stream",
+            big_stream,
+            STREAM_IN,
+            [Tensor(name="block", shape=(BIG_BLOCK,), dtype=np.float32)],
+            config=decoupled,
+        )
         triton.bind("returns_a_generator", returns_a_generator, X, Y)
         triton.bind("parameters", parameters_as_json, X, TEXT_OUT)
         triton.bind(
@@ -144,7 +167,7 @@ def server() -> Iterator[dict[str, Any]]:
             ],
         )
         yield {"triton": triton, "http": f"localhost:{http}", "grpc": f"localhost:{grpc}"}
-    leaked = {name for name in shm_entries() - shm_before if "kubetriton" in name or "triton_python" in name}
+    leaked = {name for name in shm_entries() if name.startswith(f"kubetriton-{server_id}")}
     assert not leaked, f"shared memory left behind after stop: {leaked}"
 
 
@@ -169,9 +192,16 @@ def infer(server, protocol: str, model: str, arrays: dict[str, np.ndarray], **kw
 
 def stream_once(server, model: str, n: int, fail_at: int = -1) -> tuple[list[int], str | None]:
     """One streamed request over gRPC: the values of its responses, and the error that ended it, if any."""
+    arrays, error = stream_arrays(server, model, n, fail_at, "i")
+    return [int(array[0]) for array in arrays], error
+
+
+def stream_arrays(
+    server, model: str, n: int, fail_at: int, output: str
+) -> tuple[list[np.ndarray], str | None]:
     events: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server["grpc"])
-    values: list[int] = []
+    values: list[np.ndarray] = []
     try:
         client.start_stream(callback=lambda result, error: events.put((result, error)))
         arrays = {"n": np.array([n], np.int32), "fail_at": np.array([fail_at], np.int32)}
@@ -182,7 +212,7 @@ def stream_once(server, model: str, n: int, fail_at: int = -1) -> tuple[list[int
                 return values, str(error)
             response = result.get_response()
             if response.outputs:
-                values.append(int(result.as_numpy("i")[0]))
+                values.append(result.as_numpy(output))
             if response.parameters["triton_final_response"].bool_param:
                 return values, None
     finally:
@@ -212,6 +242,15 @@ def test_failure_mid_stream_ends_it_with_the_error_and_the_next_request_succeeds
     assert values == [0, scale]
     assert error is not None and f"RuntimeError: {model.replace('_', ' ')} broke at 2" in error
     assert stream_once(server, model, 2) == ([0, scale], None)
+
+
+def test_stream_larger_than_the_response_arena(server):
+    blocks, error = stream_arrays(server, "big_stream", 3 * ARENA_BYTES // (BIG_BLOCK * 4), -1, "block")
+    assert error is None
+    assert len(blocks) == 24
+    for i, block in enumerate(blocks):
+        assert block.shape == (BIG_BLOCK,)
+        assert np.all(block == i)
 
 
 def test_generator_without_decoupled_is_refused_at_bind(server):

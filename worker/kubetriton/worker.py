@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,9 @@ from typing import Any
 import numpy as np
 import zmq
 import zmq.utils.monitor
+from pytriton.decorators import TritonContext, use_triton_context
+from pytriton.exceptions import PyTritonUnrecoverableError
+from pytriton.proxy.types import Request
 
 from kubetriton.model_repository import ModelSpec
 from kubetriton.transport import (
@@ -42,13 +46,12 @@ from kubetriton.transport import (
     encode_tensor,
     is_bytes_dtype,
 )
-from pytriton.decorators import TritonContext, use_triton_context
-from pytriton.exceptions import PyTritonUnrecoverableError
-from pytriton.proxy.types import Request
 
 LOGGER = logging.getLogger(__name__)
 
 POLL_INTERVAL_MS = 100
+STREAM_BACKPRESSURE_S = 60.0
+"""How long a stream waits for the proxy to copy out earlier responses when the response arena is full."""
 MAX_SOCKET_PATH = 100
 """Unix socket paths are limited to 107 bytes; ipc:// addresses must stay below it."""
 
@@ -73,7 +76,9 @@ class TransportSettings:
         """The config.pbtxt parameters a proxy instance reads to find its worker."""
         address = self.address(model, "{instance}")
         if len(address) - len("ipc://") > MAX_SOCKET_PATH:
-            raise ValueError(f"Socket path {address} is too long for a Unix socket; use a shorter workspace path")
+            raise ValueError(
+                f"Socket path {address} is too long for a Unix socket; use a shorter workspace path"
+            )
         return {
             PARAM_ADDRESS: address,
             PARAM_ARENA_DIR: str(self.arena_dir),
@@ -143,7 +148,7 @@ class ResponseChecker:
                     f"Model '{self._spec.name}' callable returned a request with {len(values)} inputs "
                     f"as a response, but the model declares {len(self._names)} outputs"
                 )
-            response = dict(zip(self._names, values))
+            response = dict(zip(self._names, values, strict=True))
         if not isinstance(response, Mapping):
             raise ResponseError(
                 f"Model '{self._spec.name}' callable must return dicts of output name to numpy array, "
@@ -157,7 +162,9 @@ class ResponseChecker:
             )
         missing = [name for name in self._names if name not in response]
         if missing:
-            raise ResponseError(f"Model '{self._spec.name}' callable did not return declared outputs {missing}")
+            raise ResponseError(
+                f"Model '{self._spec.name}' callable did not return declared outputs {missing}"
+            )
         return {name: self._check_array(name, response[name]) for name in self._names}
 
     def _check_array(self, name: str, value: Any) -> np.ndarray:
@@ -167,24 +174,26 @@ class ResponseChecker:
                 f"Model '{self._spec.name}' output '{name}' must be a numpy array, got {type(value).__name__}"
             )
         if is_bytes_dtype(declared.dtype) != is_bytes_dtype(value.dtype) or value.dtype.kind not in "biufOSU":
-            raise ResponseError(
-                f"Model '{self._spec.name}' output '{name}' has dtype {value.dtype}, declared {declared.dtype}"
-            )
+            raise self._dtype_error(name, value)
         if self._spec.strict:
             self._check_strict(name, value)
         elif not is_bytes_dtype(value.dtype) and value.dtype != declared.dtype:
             value = value.astype(declared.dtype)
         return value
 
+    def _dtype_error(self, name: str, value: np.ndarray) -> ResponseError:
+        declared = self._outputs[name].dtype
+        return ResponseError(
+            f"Model '{self._spec.name}' output '{name}' has dtype {value.dtype}, declared {declared}"
+        )
+
     def _check_strict(self, name: str, value: np.ndarray) -> None:
         declared = self._outputs[name]
         if not is_bytes_dtype(declared.dtype) and value.dtype != declared.dtype:
-            raise ResponseError(
-                f"Model '{self._spec.name}' output '{name}' has dtype {value.dtype}, declared {declared.dtype}"
-            )
+            raise self._dtype_error(name, value)
         sample_shape = value.shape[1:] if self._spec.max_batch_size else value.shape
         fits = len(sample_shape) == len(declared.shape) and all(
-            want in (-1, got) for want, got in zip(declared.shape, sample_shape)
+            want in (-1, got) for want, got in zip(declared.shape, sample_shape, strict=True)
         )
         if not fits:
             raise ResponseError(
@@ -222,6 +231,7 @@ class InstanceServer(threading.Thread):
         self._stopping = threading.Event()
         self._arenas: dict[str, Arena] = {}
         self._released_requests: list[int] = []
+        self._backlog: deque[list[zmq.Frame]] = deque()
         self.connections = 0
         self.in_flight = 0
         self.requests = 0
@@ -242,6 +252,9 @@ class InstanceServer(threading.Thread):
         poller.register(self._monitor, zmq.POLLIN)
         try:
             while not self._stopping.is_set():
+                if self._backlog:
+                    self._serve_one(self._backlog.popleft())
+                    continue
                 ready = dict(poller.poll(POLL_INTERVAL_MS))
                 if self._monitor in ready:
                     self._track_connections()
@@ -263,7 +276,9 @@ class InstanceServer(threading.Thread):
     def _arena(self, path: str, *, writable: bool) -> Arena:
         arena = self._arenas.get(path)
         if arena is None:
-            for stale in [known for known in self._arenas if known.rsplit(".", 1)[0] != path.rsplit(".", 1)[0]]:
+            for stale in [
+                known for known in self._arenas if known.rsplit(".", 1)[0] != path.rsplit(".", 1)[0]
+            ]:
                 self._arenas.pop(stale).close()
             arena = self._arenas[path] = Arena(path, writable=writable)
         return arena
@@ -306,10 +321,14 @@ class InstanceServer(threading.Thread):
     def _decode_requests(self, header: dict[str, Any], data: list[memoryview], arena: Arena) -> list[Request]:
         requests = []
         for entry in header["requests"]:
-            inputs = dict(decode_tensor(d, data, arena, self._released_requests.append) for d in entry["inputs"])
+            inputs = dict(
+                decode_tensor(d, data, arena, self._released_requests.append) for d in entry["inputs"]
+            )
             raw = entry.get("parameters")
             parameters = json.loads(raw) if raw and raw != "{}" else {}
-            requests.append(Request(data=inputs, parameters=parameters, requested_output_names=entry.get("outputs")))
+            requests.append(
+                Request(data=inputs, parameters=parameters, requested_output_names=entry.get("outputs"))
+            )
         return requests
 
     def _reply(
@@ -323,7 +342,9 @@ class InstanceServer(threading.Thread):
                     f"Model '{self.spec.name}' callable is a generator; bind it with "
                     "ModelConfig(decoupled=True) to stream responses"
                 )
-            return self._encode_responses(self._checker.check(result, len(header["requests"])), responses_arena)
+            return self._encode_responses(
+                self._checker.check(result, len(header["requests"])), responses_arena
+            )
         except Exception as error:
             return self._error_reply(error), []
 
@@ -334,13 +355,43 @@ class InstanceServer(threading.Thread):
         count = len(header["requests"])
         try:
             result = self._call(self._decode_requests(header, data, requests_arena))
-            items = _iterate(result) if inspect.isgenerator(result) or inspect.isasyncgen(result) else [result]
+            items = (
+                _iterate(result) if inspect.isgenerator(result) or inspect.isasyncgen(result) else [result]
+            )
             for item in items:
-                yield self._encode_responses(self._checker.check(item, count), responses_arena)
+                yield self._encode_streamed(self._checker.check(item, count), responses_arena)
         except Exception as error:
             yield self._error_reply(error), []
             return
         yield {"final": True}, []
+
+    def _encode_streamed(
+        self, responses: Sequence[dict[str, np.ndarray]], arena: Arena
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """Encode one streamed item. The proxy releases response blocks while the stream runs, so take
+        those releases in first, and wait for more while the arena is full of blocks still in flight."""
+        self._take_releases(0)
+        deadline = time.monotonic() + STREAM_BACKPRESSURE_S
+        while True:
+            try:
+                return self._encode_responses(responses, arena)
+            except ArenaFullError:
+                if not arena.used_bytes or time.monotonic() > deadline or self._stopping.is_set():
+                    raise
+                self._take_releases(POLL_INTERVAL_MS)
+
+    def _take_releases(self, timeout_ms: int) -> None:
+        """Apply the release-only messages waiting on the socket; keep requests for the run loop."""
+        while self._socket.poll(timeout_ms):
+            timeout_ms = 0
+            frames = self._socket.recv_multipart(copy=False)
+            header = decode_header(frames[1].buffer)
+            if "requests" in header:
+                self._backlog.append(frames)
+            else:
+                arena = self._arena(header["arenas"][1], writable=True)
+                for offset in header.get("released", ()):
+                    arena.free(offset)
 
     def _error_reply(self, error: Exception) -> dict[str, Any]:
         LOGGER.warning("Model %s instance %d: %s", self.spec.name, self.instance, error, exc_info=self._debug)
