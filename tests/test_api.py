@@ -7,14 +7,18 @@ One server hosts all models; header forwarding is on for headers named `x-*`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import queue
 import secrets
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -354,3 +358,69 @@ def test_string_dtype_names_and_python_bool(server, protocol):
     )
     assert result.as_numpy("inverted").tolist() == [[False], [True]]
     assert result.as_numpy("half").tolist() == [[1.5], [2.5]]
+
+
+UNRECOVERABLE_SCRIPT = """
+import sys
+
+import numpy as np
+
+from pytriton.exceptions import PyTritonUnrecoverableError
+from pytriton.model_config import Tensor
+from pytriton.triton import Triton, TritonConfig
+
+
+def broken(requests):
+    raise PyTritonUnrecoverableError("the device is gone")
+
+
+http, grpc, metrics = map(int, sys.argv[1:4])
+config = TritonConfig(id=sys.argv[4], http_port=http, grpc_port=grpc, metrics_port=metrics)
+with Triton(config=config) as triton:
+    tensor = [Tensor(name="x", shape=(1,), dtype=np.float32)]
+    triton.bind("broken", broken, tensor, [Tensor(name="y", shape=(1,), dtype=np.float32)])
+    print("serving", flush=True)
+    triton.serve()
+"""
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                children.append(int(stat.parent.name))
+    return children
+
+
+def test_unrecoverable_error_stops_serving_and_exits_non_zero(tmp_path):
+    script = tmp_path / "serve.py"
+    script.write_text(UNRECOVERABLE_SCRIPT)
+    ports = free_ports(3)
+    server_id = f"unrecoverable-{secrets.token_hex(4)}"
+    process = subprocess.Popen(
+        [sys.executable, str(script), *map(str, ports), server_id],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline().strip() == "serving"
+        tritonserver = _children(process.pid)
+        assert tritonserver, "no tritonserver child process"
+        with pytest.raises(InferenceServerException, match="PyTritonUnrecoverableError: the device is gone"):
+            infer({"http": f"localhost:{ports[0]}"}, "http", "broken", {"x": np.ones((1, 1), np.float32)})
+        started = time.monotonic()
+        returncode = process.wait(timeout=30)
+        stopped_after = time.monotonic() - started
+        stderr = process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert returncode != 0
+    assert stopped_after < 15
+    assert "unrecoverable error: the device is gone" in stderr
+    assert not [pid for pid in tritonserver if Path(f"/proc/{pid}").exists()], "tritonserver left running"
+    assert not [name for name in shm_entries() if name.startswith(f"kubetriton-{server_id}")]
