@@ -53,7 +53,9 @@ def _boom(requests: list[Request]) -> list[dict[str, np.ndarray]]:
 
 
 def _slow(requests: list[Request]) -> list[dict[str, np.ndarray]]:
-    time.sleep(SLOW_MODEL_S)
+    """Sleeps SLOW_MODEL_S unless every input is negative, then echoes."""
+    if any(np.any(request["x"] >= 0) for request in requests):
+        time.sleep(SLOW_MODEL_S)
     return [{"y": request["x"]} for request in requests]
 
 
@@ -72,7 +74,8 @@ def _headers(requests: list[Request]) -> list[dict[str, np.ndarray]]:
 
 
 def _stream(requests: list[Request]) -> Iterator[list[dict[str, np.ndarray]]]:
-    """Yields `x[0]` responses `x + i`; a negative `x[0]` yields one response, then fails."""
+    """Yields `x[0]` responses `x + i` (the first request's `x[0]` counts for a whole batch); a negative
+    `x[0]` yields one response, then fails."""
     first = float(requests[0]["x"].flat[0])
     for index in range(1 if first < 0 else int(first)):
         yield [{"y": request["x"] + index} for request in requests]
@@ -229,9 +232,8 @@ def test_inference_timeout_then_client_still_works(triton: Triton, url: str) -> 
         with pytest.raises(PyTritonClientTimeoutError):
             client.infer_sample(np.array([1.0], np.float32))
         assert time.monotonic() - started < SLOW_MODEL_S
-    with ModelClient(url, "double", inference_timeout_s=0.3) as client:
         time.sleep(SLOW_MODEL_S)
-        np.testing.assert_array_equal(client.infer_sample(np.array([1.0], np.float32))["y"], [2.0])
+        np.testing.assert_array_equal(client.infer_sample(np.array([-7.0], np.float32))["y"], [-7.0])
 
 
 @pytest.mark.parametrize("scheme", ["http", "grpc"])
@@ -357,9 +359,10 @@ def test_asyncio_decoupled_streaming(triton: Triton) -> None:
                     received.append(result["y"].tolist())
             assert received == [[-2.0]]
             first, second = await asyncio.gather(
-                collect(client.infer_sample(_floats(2.0))), collect(client.infer_sample(_floats(1.0)))
+                collect(client.infer_sample(_floats(2.0, 10.0))),
+                collect(client.infer_sample(_floats(2.0, 20.0))),
             )
-            assert (first, second) == ([[2.0], [3.0]], [[1.0]])
+            assert (first, second) == ([[2.0, 10.0], [3.0, 11.0]], [[2.0, 20.0], [3.0, 21.0]])
 
     asyncio.run(scenario())
 
@@ -379,6 +382,22 @@ def test_futures_client(triton: Triton, url: str) -> None:
             failed.result(timeout=30)
     with pytest.raises(PyTritonClientClosedError):
         client.infer_sample(_floats(1.0))
+
+
+def test_futures_client_close_without_waiting(triton: Triton) -> None:
+    client = FuturesModelClient(HTTP_URL, "slow", max_workers=2)
+    client.wait_for_model(30).result(timeout=30)
+    running = client.infer_sample(_floats(1.0))
+    while not running.running():
+        time.sleep(0.01)
+    started = time.monotonic()
+    client.close(wait=False)
+    assert time.monotonic() - started < SLOW_MODEL_S / 2
+    with pytest.raises(PyTritonClientClosedError):
+        client.infer_sample(_floats(1.0))
+    assert running.result(timeout=30)["y"].tolist() == [1.0]
+    time.sleep(0.2)
+    assert client._clients == []
 
 
 def test_futures_client_runs_requests_in_parallel_and_bounds_the_queue(triton: Triton) -> None:

@@ -127,6 +127,8 @@ class ModelClient:
     A server that refuses connections during inference raises PyTritonClientInferenceServerError whose
     message starts with "connection refused"; while initializing, the client keeps trying until
     `init_timeout_s` and then raises PyTritonClientTimeoutError naming the last failure.
+
+    One client serves one thread at a time; FuturesModelClient gives each worker thread its own.
     """
 
     def __init__(
@@ -156,7 +158,11 @@ class ModelClient:
         self._closed = False
         self._transport = _Transport(self._endpoint, self._inference_timeout_s)
         if not lazy_init:
-            self._initialize()
+            try:
+                self._initialize()
+            except BaseException:
+                self.close()
+                raise
 
     @classmethod
     def from_existing_client(cls, existing_client: ModelClient) -> ModelClient:
