@@ -11,7 +11,8 @@ object store (so `objects` and the recorded requests stay available to assertion
 - JSON patches (kopf adds and removes finalizers with them), with a failed `test` answered by 422;
 - server-side apply as the operator sends it: create when absent, otherwise merge;
 - lists that report the current resourceVersion, and watches that subscribe before they replay,
-  then replay either the current objects or, when a resourceVersion is named, the events after it.
+  then replay either the current objects or, when a resourceVersion is named, the events after it;
+- equality label selectors on lists and watches.
 
 `OperatorThread` runs the real operator on its own thread and event loop, because
 `kopf.operator()` cancels every task of the loop it runs on when it stops.
@@ -138,6 +139,19 @@ def _merge_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         elif old.get(key) != value or key not in old:
             diff[key] = value
     return diff
+
+
+def _equality_selector(selector: str) -> dict[str, str]:
+    """`a=b,c==d` as a dict; other label-selector forms are not emulated."""
+    wanted = {}
+    for term in filter(None, selector.split(",")):
+        key, separator, value = term.replace("==", "=").partition("=")
+        if not separator or "!" in key:
+            raise kmock.KubernetesError(
+                status=400, reason="BadRequest", message=f"unsupported selector {term!r}"
+            )
+        wanted[key.strip()] = value.strip()
+    return wanted
 
 
 def _now() -> str:
@@ -305,9 +319,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     def _matching(self, request: rendering.Request) -> list[dict[str, Any]]:
         return [
             copy.deepcopy(obj.raw)
-            for (resource, namespace, _), obj in self._objects.items()
-            if resource == request.resource and not obj.deleted
-            if request.namespace is None or namespace == request.namespace
+            for (resource, _, _), obj in self._objects.items()
+            if resource == request.resource and not obj.deleted and self._in_scope(request, obj.raw)
         ]
 
     async def _list(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
@@ -332,19 +345,24 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                     backlog = [{"type": "ADDED", "object": obj} for obj in self._matching(request)]
                 horizon = self._clock.now
             for event in backlog:
-                if self._in_scope(request, event):
+                if self._in_scope(request, event["object"]):
                     await response.write(json.dumps(event).encode() + b"\n")
             async for event in bus.stream(since=marker):
-                if _version(event) > horizon and self._in_scope(request, event):
+                if _version(event) > horizon and self._in_scope(request, event["object"]):
                     await response.write(json.dumps(event).encode() + b"\n")
         finally:
             await bus.unmark(marker)
         return response
 
     @staticmethod
-    def _in_scope(request: rendering.Request, event: dict[str, Any]) -> bool:
-        metadata = event["object"].get("metadata", {})
-        return request.namespace is None or metadata.get("namespace") == request.namespace
+    def _in_scope(request: rendering.Request, obj: dict[str, Any]) -> bool:
+        """The object is in the request's namespace and has the labels its selector asks for."""
+        metadata = obj.get("metadata", {})
+        if request.namespace is not None and metadata.get("namespace") != request.namespace:
+            return False
+        wanted = _equality_selector(request.params.get("labelSelector", ""))
+        labels = metadata.get("labels") or {}
+        return all(labels.get(key) == value for key, value in wanted.items())
 
 
 def fast_settings() -> kopf.OperatorSettings:

@@ -320,6 +320,10 @@ async def test_pod_without_a_gpu_is_reported(cluster: ClusterEmulator, start_ope
     warning = await eventually(lambda: events(cluster, "InsufficientGPU"), message="a warning event")
     assert warning[0]["type"] == "Warning"
     assert warning[0]["involvedObject"]["name"] == "esm1"
+    pod_watches = [r for r in cluster if r.resource and r.resource.plural == "pods" and r.params.get("watch")]
+    assert {r.params.get("labelSelector") for r in pod_watches} == {
+        "app.kubernetes.io/managed-by=kubetriton-operator"
+    }
 
 
 async def test_bad_spec_is_reported_and_the_operator_carries_on(

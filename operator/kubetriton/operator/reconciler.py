@@ -35,8 +35,13 @@ CHILD_LABELS = {naming.MANAGED_BY_LABEL: naming.MANAGER}
 
 
 def operator_settings() -> kopf.OperatorSettings:
-    """kopf settings: state kept in annotations of our group, and events only for warnings from logs."""
+    """kopf settings: state kept in annotations of our group, events only for warnings from logs,
+    and Deployments and pods filtered by the API server, so the operator never sees other apps' pods.
+    """
     settings = kopf.OperatorSettings()
+    managed = ",".join(f"{key}={value}" for key, value in CHILD_LABELS.items())
+    settings.watching.label_selectors["apps", "v1", "deployments"] = managed
+    settings.watching.label_selectors["v1", "pods"] = managed
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
