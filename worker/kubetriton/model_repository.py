@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor
 
 from kubetriton.podenv import RUNTIME_SUBDIR
-from pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor
 
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 PROXY_MODEL_SOURCE = f'''"""Triton's entry point for this model: the kubetriton proxy model.
@@ -55,14 +55,19 @@ _TRITON_DTYPES = {
 def check_model_name(name: str) -> None:
     if not isinstance(name, str) or not MODEL_NAME_PATTERN.match(name):
         raise ValueError(
-            f"Invalid model name {name!r}: use 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit"
+            f"Invalid model name {name!r}: use 1-128 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit"
         )
 
 
 def name_tensors(tensors: Sequence[Tensor], prefix: str) -> tuple[Tensor, ...]:
     """Give unnamed tensors PyTriton's default names, INPUT_1, INPUT_2, ... and reject duplicates."""
     named = tuple(
-        tensor if tensor.name else Tensor(shape=tensor.shape, dtype=tensor.dtype, name=f"{prefix}_{index}", optional=tensor.optional)
+        tensor
+        if tensor.name
+        else Tensor(
+            shape=tensor.shape, dtype=tensor.dtype, name=f"{prefix}_{index}", optional=tensor.optional
+        )
         for index, tensor in enumerate(tensors, start=1)
     )
     names = [tensor.name for tensor in named]
@@ -119,7 +124,9 @@ def _render_tensor(tensor: Tensor, *, optional: bool) -> str:
 def _render_batcher(batcher: DynamicBatcher) -> list[str]:
     body = [f"  max_queue_delay_microseconds: {batcher.max_queue_delay_microseconds}"]
     if batcher.preferred_batch_size:
-        body.append(f"  preferred_batch_size: [ {', '.join(str(size) for size in batcher.preferred_batch_size)} ]")
+        body.append(
+            f"  preferred_batch_size: [ {', '.join(str(size) for size in batcher.preferred_batch_size)} ]"
+        )
     body.append(f"  preserve_ordering: {str(batcher.preserve_ordering).lower()}")
     if batcher.priority_levels:
         body.append(f"  priority_levels: {batcher.priority_levels}")

@@ -17,6 +17,7 @@ valid Python 3.10.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import mmap
 import os
@@ -122,16 +123,13 @@ class Arena:
         self.buffer = np.empty(0, np.uint8)
         self.memory.release()
         if self._mmap is not None:
-            try:
+            # A caller may still hold a view; the mapping then goes when the view does.
+            with contextlib.suppress(BufferError):
                 self._mmap.close()
-            except BufferError:
-                pass  # a caller still holds a view; the mapping goes when the view does
             self._mmap = None
         if unlink:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
-            except FileNotFoundError:
-                pass
 
 
 def encode_header(header: dict[str, Any]) -> bytes:

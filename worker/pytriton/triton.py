@@ -208,15 +208,18 @@ class Triton:
             )
         if not config.decoupled and any(_is_generator_callable(func) for func in funcs):
             raise PyTritonModelConfigError(
-                f"Model '{model_name}' callable is a generator; bind it with ModelConfig(decoupled=True) to stream"
+                f"Model '{model_name}' callable is a generator; "
+                "bind it with ModelConfig(decoupled=True) to stream"
             )
         if config.batching and config.max_batch_size < 1:
             raise PyTritonModelConfigError(
-                f"Model '{model_name}': max_batch_size must be at least 1 when batching is on (use batching=False)"
+                f"Model '{model_name}': max_batch_size must be at least 1 when batching is on "
+                "(use batching=False)"
             )
         if config.response_cache and self._attach is None and self._config.cache_config == []:
             raise PyTritonModelConfigError(
-                f"Model '{model_name}' asks for the response cache, but TritonConfig(cache_config=[]) turned it off"
+                f"Model '{model_name}' asks for the response cache, "
+                "but TritonConfig(cache_config=[]) turned it off"
             )
         spec = ModelSpec(model_name, named_inputs, named_outputs, config, instances=len(funcs), strict=strict)
         with self._lock:
@@ -257,9 +260,11 @@ class Triton:
             raise SystemExit(f"Serving stopped after an unrecoverable error: {self._fatal}")
 
     def is_alive(self) -> bool:
-        with contextlib.suppress(OSError, urllib.error.URLError):
-            with urllib.request.urlopen(f"{self._http_url}/v2/health/live", timeout=1) as response:
-                return response.status == 200
+        with (
+            contextlib.suppress(OSError, urllib.error.URLError),
+            urllib.request.urlopen(f"{self._http_url}/v2/health/live", timeout=1) as response,
+        ):
+            return response.status == 200
         return False
 
     def stop(self) -> None:

@@ -19,7 +19,6 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 import zmq
 import zmq.utils.monitor
-
 from kubetriton.transport import (
     INLINE_LIMIT,
     PARAM_ADDRESS,
@@ -33,7 +32,6 @@ from kubetriton.transport import (
     encode_header,
     encode_tensor,
 )
-
 
 
 class WorkerUnavailableError(RuntimeError):
@@ -97,7 +95,7 @@ class TritonPythonModel:
                     for sender in senders:
                         sender.send(flags=final)
                     return
-                for sender, entry in zip(senders, header["responses"]):
+                for sender, entry in zip(senders, header["responses"], strict=True):
                     sender.send(self._response(entry, data))
                 self._release_responses()
         except Exception as error:
@@ -190,7 +188,7 @@ class TritonPythonModel:
         return released
 
     def _release_responses(self) -> None:
-        """Tell the worker at once which response blocks are copied out (streams do not wait for a request)."""
+        """Tell the worker at once which response blocks are copied out; streams cannot wait for a request."""
         if self._released_responses:
             header = {"arenas": self._arena_paths, "released": self._take_released_responses()}
             try:
