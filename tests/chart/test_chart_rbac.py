@@ -1,0 +1,100 @@
+"""The operator's ServiceAccount is granted exactly kubetriton.operator.rbac.RULES: every verb on every
+resource the operator uses, nothing more, cluster-wide or only in the watched namespaces."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from helm_cluster import requires_helm
+from kubetriton.operator import rbac
+from releases import NAMESPACE, VALUE_SETS, installed
+
+pytestmark = requires_helm
+
+Grant = tuple[str | None, str, str, str]
+"""(namespace, or None for cluster-wide; API group; resource; verb)."""
+
+CLUSTER_SCOPED = {"namespaces", "customresourcedefinitions"}
+"""The cluster-scoped resources among those the operator uses: Roles cannot grant them."""
+
+
+def _triples(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def _grants(name: str) -> set[Grant]:
+    """Everything the operator's ServiceAccount may do, resolved through the release's bindings."""
+    release = installed(name)
+    pod = release.one("Deployment")["spec"]["template"]["spec"]
+    subject = {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": NAMESPACE}
+    grants: set[Grant] = set()
+    for binding in release.find("ClusterRoleBinding") + release.find("RoleBinding"):
+        if subject not in binding["subjects"]:
+            continue
+        scope = binding["metadata"].get("namespace")
+        kind, role_name = binding["roleRef"]["kind"], binding["roleRef"]["name"]
+        role_namespace = scope if kind == "Role" else None
+        (role,) = [
+            r for r in release.find(kind, role_name) if r["metadata"].get("namespace") == role_namespace
+        ]
+        grants |= {(scope, *triple) for triple in _triples(role["rules"])}
+    return grants
+
+
+@pytest.mark.parametrize("name", ["defaults", "crd-not-kept"])
+def test_watching_every_namespace_grants_the_rules_cluster_wide(name: str) -> None:
+    assert _grants(name) == {(None, *triple) for triple in _triples(rbac.RULES)}
+    assert installed(name).find("Role") == installed(name).find("RoleBinding") == []
+
+
+@pytest.mark.parametrize(
+    ("name", "namespaces"),
+    [
+        ("two-namespaces", {"team-a", "team-b"}),
+        ("release-namespace-only", {NAMESPACE}),
+        ("customized", {"models"}),
+    ],
+)
+def test_watching_namespaces_grants_namespaced_rules_only_there(name: str, namespaces: set[str]) -> None:
+    expected: set[Grant] = set()
+    for group, resource, verb in _triples(rbac.RULES):
+        scopes = {None} if resource in CLUSTER_SCOPED else namespaces
+        expected |= {(scope, group, resource, verb) for scope in scopes}
+    assert _grants(name) == expected
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_every_rbac_object_is_bound_to_the_operator_or_aggregated(name: str) -> None:
+    release = installed(name)
+    bound = {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in release.find("ClusterRoleBinding")}
+    bound |= {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in release.find("RoleBinding")}
+    for role in release.find("ClusterRole") + release.find("Role"):
+        labels = role["metadata"]["labels"]
+        aggregated = any(key.startswith("rbac.authorization.k8s.io/aggregate-to-") for key in labels)
+        assert aggregated or (role["kind"], role["metadata"]["name"]) in bound, role["metadata"]["name"]
+
+
+def test_users_who_edit_a_namespace_may_manage_models_there() -> None:
+    release = installed("defaults")
+    edit = release.one("ClusterRole", "kubetriton-edit")
+    view = release.one("ClusterRole", "kubetriton-view")
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    edit_grants, view_grants = _triples(edit["rules"]), _triples(view["rules"])
+    for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
+        assert ("kubetriton.dev", "pytritonmodels", verb) in edit_grants
+    assert {verb for _, _, verb in view_grants} == {"get", "list", "watch"}
+    assert {group for group, _, _ in edit_grants | view_grants} == {"kubetriton.dev"}
+
+
+def test_aggregation_can_be_turned_off() -> None:
+    names = {role["metadata"]["name"] for role in installed("customized").find("ClusterRole")}
+    assert names == {"triton-operator"}

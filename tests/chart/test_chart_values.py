@@ -1,0 +1,58 @@
+"""values.schema.json: Helm refuses bad values before it touches the cluster, and takes good ones."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from chart_files import CHART
+from helm_cluster import HelmFailed, install, requires_helm
+
+pytestmark = requires_helm
+
+SCHEMA = json.loads((CHART / "values.schema.json").read_text())
+
+BAD_VALUES: dict[str, dict[str, Any]] = {
+    "glob namespace": {"watchNamespaces": ["team-*"]},
+    "namespace with capitals": {"watchNamespaces": ["Team-A"]},
+    "repeated namespace": {"watchNamespaces": ["a", "a"]},
+    "namespaces as a string": {"watchNamespaces": "team-a"},
+    "unknown top-level key": {"replicaCount": 2},
+    "misspelt nested key": {"crds": {"instal": False}},
+    "crds.keep not a boolean": {"crds": {"keep": "yes"}},
+    "unknown pull policy": {"image": {"pullPolicy": "Sometimes"}},
+    "empty image repository": {"image": {"repository": ""}},
+    "privileged health port": {"health": {"port": 80}},
+    "health port as a string": {"health": {"port": "8080"}},
+    "root operator": {"podSecurityContext": {"runAsNonRoot": False}},
+    "privilege escalation": {"securityContext": {"allowPrivilegeEscalation": True}},
+    "existing account without a name": {"serviceAccount": {"create": False}},
+    "test timeout too short": {"test": {"readyTimeoutSeconds": 5}},
+    "resources with an unknown section": {"resources": {"request": {"cpu": "1"}}},
+}
+
+GOOD_VALUES: dict[str, dict[str, Any]] = {
+    "single namespace": {"watchNamespaces": ["ml-serving"]},
+    "existing account": {"serviceAccount": {"create": False, "name": "operator"}},
+    "integer cpu": {"resources": {"requests": {"cpu": 2}}},
+    "no test hook": {"test": {"enabled": False}},
+}
+
+
+def test_values_yaml_satisfies_its_schema() -> None:
+    jsonschema.Draft7Validator(SCHEMA).validate(yaml.safe_load((CHART / "values.yaml").read_text()))
+
+
+@pytest.mark.parametrize("values", BAD_VALUES.values(), ids=BAD_VALUES)
+def test_helm_refuses_bad_values(values: dict[str, Any]) -> None:
+    with pytest.raises(HelmFailed, match="schema"):
+        asyncio.run(install(values))
+
+
+@pytest.mark.parametrize("values", GOOD_VALUES.values(), ids=GOOD_VALUES)
+def test_helm_takes_good_values(values: dict[str, Any]) -> None:
+    assert asyncio.run(install(values)).one("Deployment")
