@@ -108,6 +108,10 @@ def returns_float64(requests):
     return responses
 
 
+def extra_output(requests):
+    return [{"y": request["x"], "z": request["x"]} for request in requests]
+
+
 def cached(requests):
     CACHED_CALLS.append(len(requests))
     return [{"y": request["x"] + 1} for request in requests]
@@ -159,6 +163,7 @@ def server() -> Iterator[dict[str, Any]]:
         )
         triton.bind("strict", returns_float64, X, Y, strict=True)
         triton.bind("lenient", returns_float64, X, Y)
+        triton.bind("extra_output", extra_output, X, Y)
         triton.bind("cached", cached, X, Y, config=ModelConfig(response_cache=True))
         triton.bind("two_instances", [sleeper, sleeper], X, Y, config=ModelConfig(batching=False))
         triton.bind(
@@ -312,6 +317,11 @@ def test_non_strict_numeric_outputs_are_cast_to_the_declared_dtype(server):
     result = infer(server, "http", "lenient", {"x": np.ones((1, 2), np.float32)})
     assert result.as_numpy("y").dtype == np.float32
     assert result.get_output("y")["datatype"] == "FP32"
+
+
+def test_undeclared_output_is_an_error(server):
+    with pytest.raises(InferenceServerException, match=r"returned undeclared outputs \['z'\]"):
+        infer(server, "http", "extra_output", {"x": np.ones((1, 2), np.float32)})
 
 
 def test_response_cache_serves_repeated_requests(server):
