@@ -1,4 +1,5 @@
-"""ModelConfig in full: the generated config.pbtxt, and what a real tritonserver makes of it.
+"""ModelConfig in full: the generated config.pbtxt, and what a real tritonserver makes of it; and the
+server defaults of TritonConfig (no header forwarding unless asked, a response cache unless turned off).
 
 Each configuration is bound to one server and read back from `/v2/models/<name>/config`, so a field
 that the generator drops or Triton rejects fails here.
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.http as httpclient
 from kubetriton.model_repository import ModelSpec, render_config
 from pytriton.exceptions import PyTritonModelConfigError
 from pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor, TimeoutAction
@@ -54,6 +56,13 @@ CONFIGS = {
 
 def identity(requests):
     return [{"y": request["x"]} for request in requests]
+
+
+def parameters_as_text(requests):
+    return [
+        {"y": np.array([[json.dumps(request.parameters, sort_keys=True).encode()]], object)}
+        for request in requests
+    ]
 
 
 def spec(config: ModelConfig, inputs: tuple[Tensor, ...] = X, outputs: tuple[Tensor, ...] = Y) -> ModelSpec:
@@ -107,11 +116,12 @@ def loaded() -> Iterator[dict[str, Any]]:
     with Triton(config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics)) as triton:
         for name, config in CONFIGS.items():
             triton.bind(name, identity, X, Y, config=config)
+        triton.bind("parameters", parameters_as_text, X, [Tensor(name="y", shape=(1,), dtype=bytes)])
         configs = {}
         for name in CONFIGS:
             with urllib.request.urlopen(f"http://localhost:{http}/v2/models/{name}/config") as response:
                 configs[name] = json.load(response)
-        yield {"triton": triton, "configs": configs}
+        yield {"triton": triton, "configs": configs, "http": f"localhost:{http}"}
 
 
 def test_defaults_as_triton_reads_them(loaded):
@@ -173,3 +183,14 @@ def test_cache_turned_off_refuses_models_that_ask_for_it():
             triton.bind("cached", identity, X, Y, config=ModelConfig(response_cache=True))
     finally:
         triton.stop()
+
+
+def test_headers_are_not_forwarded_without_a_pattern(loaded):
+    client = httpclient.InferenceServerClient(loaded["http"])
+    try:
+        tensor = httpclient.InferInput("x", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 1), np.float32))
+        result = client.infer("parameters", [tensor], parameters={"p": 1}, headers={"x-tenant": "blue"})
+    finally:
+        client.close()
+    assert json.loads(result.as_numpy("y")[0][0]) == {"p": 1}
