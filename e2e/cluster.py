@@ -230,7 +230,13 @@ class Cluster:
         return self.core.read_namespaced_pod(name, namespace).status.phase
 
     def pod_log(self, name: str, namespace: str) -> str:
-        return self.core.read_namespaced_pod_log(name, namespace)
+        """The pod's log; empty while its container has not started (the API answers 400 then)."""
+        try:
+            return self.core.read_namespaced_pod_log(name, namespace)
+        except ApiException as error:
+            if error.status == 400:
+                return ""
+            raise
 
     def delete_pod(self, name: str, namespace: str) -> None:
         with contextlib.suppress(ApiException):
