@@ -75,6 +75,9 @@ _SERVER_FIELDS = ("uid", "creationTimestamp", "generation", "resourceVersion")
 class HelmEmulator(ClusterEmulator):
     """The operator tests' emulator, with the discovery and kinds that Helm needs."""
 
+    kubernetes_version: tuple[int, int] = KUBERNETES_VERSION
+    """What /version reports: Helm checks the chart's kubeVersion against it."""
+
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         for key, (kind, namespaced) in _CHART_KINDS.items():
@@ -89,7 +92,7 @@ class HelmEmulator(ClusterEmulator):
 
     async def _serve_server_version(self, request: Any) -> Any:
         payload = await super()._serve_server_version(request)
-        major, minor = KUBERNETES_VERSION
+        major, minor = self.kubernetes_version
         return {**payload, "major": str(major), "minor": str(minor), "gitVersion": f"v{major}.{minor}.0"}
 
     def stored(self) -> list[dict[str, Any]]:
@@ -159,8 +162,11 @@ class Installed:
         return obj
 
 
-async def helm(request: dict[str, Any]) -> Any:
-    """One Helm action in a child process (see helm_process); raises HelmFailed with Helm's message."""
+async def helm(steps: list[dict[str, Any]], namespace: str, kubeconfig: str | None = None) -> list[Any]:
+    """Helm actions, in order, in one child process (see helm_process); their results.
+
+    Raises HelmFailed with Helm's message at the first action Helm refuses.
+    """
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         str(Path(__file__).with_name("helm_process.py")),
@@ -168,12 +174,13 @@ async def helm(request: dict[str, Any]) -> Any:
         stdout=asyncio.subprocess.PIPE,
         env={**os.environ, "HELM_DRIVER": "memory"},
     )
+    request = {"steps": steps, "namespace": namespace, "kubeconfig": kubeconfig}
     stdout, _ = await process.communicate(json.dumps(request).encode())
     assert process.returncode == 0, f"helm_process.py exited with {process.returncode}"
     answer = json.loads(stdout)
     if "error" in answer:
         raise HelmFailed(answer["error"])
-    return answer["result"]
+    return answer["results"]
 
 
 class HelmFailed(Exception):
@@ -181,20 +188,23 @@ class HelmFailed(Exception):
 
 
 async def install(
-    values: dict[str, Any] | None = None, *, release: str = "kubetriton", namespace: str = "kubetriton"
+    values: dict[str, Any] | None = None,
+    *,
+    release: str = "kubetriton",
+    namespace: str = "kubetriton",
+    upgrade_to: Path | None = None,
+    kubernetes_version: tuple[int, int] = KUBERNETES_VERSION,
 ) -> Installed:
-    """`helm install RELEASE charts/kubetriton -n NAMESPACE` into a fresh emulator; what it stored."""
-    async with HelmEmulator() as cluster, kmock.Server(cluster):
-        url = str(cluster.servers[0].url).rstrip("/")
-        request = {
-            "action": "install",
-            "release": release,
-            "chart": str(CHART),
-            "values": values,
-            "namespace": namespace,
-            "kubeconfig": kubeconfig(url, namespace),
-        }
-        result = await helm(request)
+    """`helm install RELEASE charts/kubetriton -n NAMESPACE` into a fresh emulator; what it stored.
+
+    With `upgrade_to`, `helm upgrade` to that chart follows, and what is stored after it is returned.
+    """
+    steps = [{"action": "install", "release": release, "chart": str(CHART), "values": values}]
+    if upgrade_to is not None:
+        steps.append({"action": "upgrade", "release": release, "chart": str(upgrade_to), "values": values})
+    async with HelmEmulator(kubernetes_version=kubernetes_version) as cluster, kmock.Server(cluster):
+        config = kubeconfig(str(cluster.servers[0].url).rstrip("/"), namespace)
+        result = (await helm(steps, namespace, config))[-1]
         return Installed(
             release=result,
             objects=cluster.stored(),
@@ -204,7 +214,8 @@ async def install(
 
 async def lint(chart: Path = CHART) -> dict[str, Any]:
     """`helm lint CHART`, with the chart's own values.yaml (helm-sdkpy takes no other values)."""
-    return await helm({"action": "lint", "chart": str(chart), "namespace": "default"})
+    (report,) = await helm([{"action": "lint", "chart": str(chart)}], namespace="default")
+    return report
 
 
 def kubectl() -> str | None:

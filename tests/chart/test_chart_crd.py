@@ -7,12 +7,14 @@ creates differ only in the labels and annotations each tool adds to metadata.
 from __future__ import annotations
 
 import asyncio
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from chart_files import GENERATED_CRD
-from helm_cluster import kubectl, kubectl_apply, requires_helm
+from chart_files import CHART, GENERATED_CRD
+from helm_cluster import install, kubectl, kubectl_apply, requires_helm
 from releases import installed
 
 pytestmark = requires_helm
@@ -55,10 +57,16 @@ def test_crds_install_false_leaves_the_crd_out() -> None:
     assert installed("customized").find("CustomResourceDefinition") == []
 
 
-def test_the_crd_is_a_template_so_upgrades_update_it() -> None:
-    release = installed("defaults").release
-    assert any(
-        doc and doc.get("kind") == "CustomResourceDefinition"
-        for doc in yaml.safe_load_all(release["manifest"])
+def test_helm_upgrade_updates_the_crd(tmp_path: Path) -> None:
+    newer = tmp_path / "kubetriton"
+    shutil.copytree(CHART, newer)
+    crd_file = newer / "files" / GENERATED_CRD.name
+    crd_text = crd_file.read_text()
+    assert "    shortNames:\n    - ptm\n" in crd_text
+    crd_file.write_text(
+        crd_text.replace("    shortNames:\n    - ptm\n", "    shortNames:\n    - ptm\n    - ptms\n")
     )
-    assert not any(entry["name"].startswith("crds/") for entry in release["chart"].get("files") or [])
+
+    upgraded = asyncio.run(install(upgrade_to=newer)).one("CustomResourceDefinition", CRD_NAME)
+    assert upgraded["spec"]["names"]["shortNames"] == ["ptm", "ptms"]
+    assert upgraded["metadata"]["annotations"].items() >= KEEP.items()

@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from helm_cluster import lint, problems, requires_helm
+from helm_cluster import HelmFailed, install, lint, problems, requires_helm
 from kubetriton.operator import main as operator_main
 from releases import NAMESPACE, VALUE_SETS, installed
 
@@ -20,6 +20,11 @@ def test_lint_reports_no_warnings_or_errors() -> None:
     report = asyncio.run(lint())
     assert report["Errors"] is None
     assert [m for m in report["Messages"] if m["Severity"] >= 2] == []
+
+
+def test_clusters_without_native_sidecars_are_refused() -> None:
+    with pytest.raises(HelmFailed, match=r"incompatible with Kubernetes v1\.28"):
+        asyncio.run(install(kubernetes_version=(1, 28)))
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
