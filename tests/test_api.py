@@ -43,6 +43,7 @@ STREAM_IN = [Tensor(name="n", shape=(1,), dtype=np.int32), Tensor(name="fail_at"
 STREAM_OUT = [Tensor(name="i", shape=(1,), dtype=np.int32)]
 TEXT_OUT = [Tensor(name="text", shape=(1,), dtype=bytes)]
 CACHED_CALLS: list[int] = []
+ENDLESS: dict[str, Any] = {}
 INSTANCE_SPANS: list[tuple[str, float, float]] = []
 
 
@@ -78,6 +79,29 @@ def big_stream(requests):
     ((n, _),) = (_count(request) for request in requests)
     for i in range(n):
         yield [{"block": np.full(BIG_BLOCK, i, np.float32)}]
+
+
+def endless(requests):
+    """Streams up to 10 s of responses; records how many it made and whether it was closed."""
+    ENDLESS["made"] = 0
+    try:
+        for i in range(1000):
+            time.sleep(0.01)
+            ENDLESS["made"] += 1
+            yield [{"i": np.array([i], np.int32)} for _ in requests]
+    finally:
+        ENDLESS["closed"] = True
+
+
+async def async_endless(requests):
+    ENDLESS["made"] = 0
+    try:
+        for i in range(1000):
+            await asyncio.sleep(0.01)
+            ENDLESS["made"] += 1
+            yield [{"i": np.array([i], np.int32)} for _ in requests]
+    finally:
+        ENDLESS["closed"] = True
 
 
 def returns_a_generator(requests):
@@ -156,6 +180,8 @@ def server() -> Iterator[dict[str, Any]]:
             [Tensor(name="block", shape=(BIG_BLOCK,), dtype=np.float32)],
             config=decoupled,
         )
+        triton.bind("endless", endless, STREAM_IN, STREAM_OUT, config=decoupled)
+        triton.bind("async_endless", async_endless, STREAM_IN, STREAM_OUT, config=decoupled)
         triton.bind("returns_a_generator", returns_a_generator, X, Y)
         triton.bind("parameters", parameters_as_json, X, TEXT_OUT)
         triton.bind(
@@ -260,6 +286,29 @@ def test_stream_larger_than_the_response_arena(server):
     for i, block in enumerate(blocks):
         assert block.shape == (BIG_BLOCK,)
         assert np.all(block == i)
+
+
+@pytest.mark.parametrize("model", ["endless", "async_endless"])
+def test_cancelled_stream_closes_the_generator(server, model):
+    ENDLESS.clear()
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server["grpc"])
+    try:
+        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        arrays = {"n": np.array([0], np.int32), "fail_at": np.array([-1], np.int32)}
+        client.async_stream_infer(model, _inputs(grpcclient, arrays))
+        for _ in range(2):
+            _, error = events.get(timeout=STREAM_TIMEOUT_S)
+            assert error is None
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    deadline = time.monotonic() + 5
+    while not ENDLESS.get("closed") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ENDLESS.get("closed"), "the generator still runs after its client cancelled"
+    assert ENDLESS["made"] < 200
+    assert stream_once(server, "stream", 2) == ([0, 1], None)
 
 
 def test_generator_without_decoupled_is_refused_at_bind(server):

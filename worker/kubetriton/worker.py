@@ -232,6 +232,7 @@ class InstanceServer(threading.Thread):
         self._arenas: dict[str, Arena] = {}
         self._released_requests: list[int] = []
         self._backlog: deque[list[zmq.Frame]] = deque()
+        self._cancelled: int | None = None
         self.connections = 0
         self.in_flight = 0
         self.requests = 0
@@ -351,7 +352,8 @@ class InstanceServer(threading.Thread):
     def _stream(
         self, header: dict[str, Any], data: list[memoryview], requests_arena: Arena, responses_arena: Arena
     ) -> Iterator[tuple[dict[str, Any], list[Any]]]:
-        """The replies of a decoupled model: one per yielded item, then a final message."""
+        """The replies of a decoupled model: one per yielded item, then a final message. A stream whose
+        clients all cancelled closes the generator and ends at once."""
         count = len(header["requests"])
         try:
             result = self._call(self._decode_requests(header, data, requests_arena))
@@ -360,6 +362,10 @@ class InstanceServer(threading.Thread):
             )
             for item in items:
                 yield self._encode_streamed(self._checker.check(item, count), responses_arena)
+                self._take_releases(0)
+                if self._cancelled == header["id"]:
+                    _close(result)
+                    break
         except Exception as error:
             yield self._error_reply(error), []
             return
@@ -368,9 +374,8 @@ class InstanceServer(threading.Thread):
     def _encode_streamed(
         self, responses: Sequence[dict[str, np.ndarray]], arena: Arena
     ) -> tuple[dict[str, Any], list[Any]]:
-        """Encode one streamed item. The proxy releases response blocks while the stream runs, so take
-        those releases in first, and wait for more while the arena is full of blocks still in flight."""
-        self._take_releases(0)
+        """Encode one streamed item. The proxy releases response blocks while the stream runs: while the
+        arena is full of blocks still in flight, wait for those releases instead of failing the stream."""
         deadline = time.monotonic() + STREAM_BACKPRESSURE_S
         while True:
             try:
@@ -381,7 +386,7 @@ class InstanceServer(threading.Thread):
                 self._take_releases(POLL_INTERVAL_MS)
 
     def _take_releases(self, timeout_ms: int) -> None:
-        """Apply the release-only messages waiting on the socket; keep requests for the run loop."""
+        """Apply the release and cancel messages waiting on the socket; keep requests for the run loop."""
         while self._socket.poll(timeout_ms):
             timeout_ms = 0
             frames = self._socket.recv_multipart(copy=False)
@@ -389,6 +394,7 @@ class InstanceServer(threading.Thread):
             if "requests" in header:
                 self._backlog.append(frames)
             else:
+                self._cancelled = header.get("cancel", self._cancelled)
                 arena = self._arena(header["arenas"][1], writable=True)
                 for offset in header.get("released", ()):
                     arena.free(offset)
@@ -426,6 +432,14 @@ class InstanceServer(threading.Thread):
                 arena.free(offset)
             raise ArenaFullError(f"Model '{self.spec.name}' response does not fit: {error}") from None
         return {"responses": encoded}, frames
+
+
+def _close(result: Any) -> None:
+    """Stop a generator early (its clients cancelled): its `finally` blocks run now."""
+    if inspect.isasyncgen(result):
+        _EventLoopThread.run(result.aclose())
+    elif inspect.isgenerator(result):
+        result.close()
 
 
 def _iterate(result: Any) -> Iterator[Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
@@ -32,6 +33,9 @@ from kubetriton.transport import (
     encode_header,
     encode_tensor,
 )
+
+CANCEL_CHECK_S = 0.1
+"""How often a running stream asks Triton whether its clients cancelled it."""
 
 
 class WorkerUnavailableError(RuntimeError):
@@ -84,6 +88,7 @@ class TritonPythonModel:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
             message_id = self._send(requests)
+            next_check = time.monotonic() + CANCEL_CHECK_S
             while True:
                 header, data = self._receive(message_id)
                 if "error" in header:
@@ -98,6 +103,11 @@ class TritonPythonModel:
                 for sender, entry in zip(senders, header["responses"], strict=True):
                     sender.send(self._response(entry, data))
                 self._release_responses()
+                if next_check and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + CANCEL_CHECK_S
+                    if all(request.is_cancelled() for request in requests):
+                        self._cancel(message_id)
+                        next_check = 0.0
         except Exception as error:
             for sender in senders:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))), flags=final)
@@ -186,6 +196,18 @@ class TritonPythonModel:
     def _take_released_responses(self) -> list[int]:
         released, self._released_responses = self._released_responses, []
         return released
+
+    def _cancel(self, message_id: int) -> None:
+        """Every client of the stream cancelled: ask the worker to close the generator and end it."""
+        header = {
+            "arenas": self._arena_paths,
+            "released": self._take_released_responses(),
+            "cancel": message_id,
+        }
+        try:
+            self._socket.send_multipart([encode_header(header)], flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self._forget_worker()
 
     def _release_responses(self) -> None:
         """Tell the worker at once which response blocks are copied out; streams cannot wait for a request."""
