@@ -5,9 +5,9 @@ helm-sdkpy) into the emulator the operator tests run kopf against, and read back
 Two things stand between Helm and kmock 0.8, and both are dealt with here rather than worked around
 in the chart:
 
-- kmock answers the core group's discovery (`/api/v1`) with `groupVersion: "/v1"`. client-go's REST
-  mapper files resource lists under their `groupVersion` and looks the core group up as `v1`, so
-  every core kind (ServiceAccount, Pod, ...) is "not found". `HelmEmulator` answers `v1`.
+- kmock answers the core group's discovery (`/api/v1`) with `groupVersion: "/v1"`, where a real API
+  server says `v1`. Helm (client-go's REST mapper) then finds no core kind at all: "no matches for
+  kind "ServiceAccount" in version "v1"". `HelmEmulator` answers `v1`.
 - Helm keeps its release records in Secrets through client-go's typed clientset, which sends
   protobuf bodies (`k8s\\x00...`); kmock decodes every body as JSON and fails. Helm runs here with
   `HELM_DRIVER=memory` (see helm_process), so the release record stays in Helm's memory while every
@@ -20,6 +20,7 @@ The emulator also reports a Kubernetes version the chart supports (kmock says 1.
 from __future__ import annotations
 
 import asyncio
+import copy
 import importlib.util
 import json
 import os
@@ -101,7 +102,7 @@ class HelmEmulator(ClusterEmulator):
         for obj in self._objects.values():
             if obj.deleted:
                 continue
-            raw = yaml.safe_load(yaml.safe_dump(obj.raw))
+            raw = copy.deepcopy(obj.raw)
             for name in _SERVER_FIELDS:
                 raw["metadata"].pop(name, None)
             objects.append(raw)
