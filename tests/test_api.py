@@ -44,6 +44,7 @@ STREAM_OUT = [Tensor(name="i", shape=(1,), dtype=np.int32)]
 TEXT_OUT = [Tensor(name="text", shape=(1,), dtype=bytes)]
 CACHED_CALLS: list[int] = []
 ENDLESS: dict[str, Any] = {}
+LINEAR_DEVICES: list[str] = []
 INSTANCE_SPANS: list[tuple[str, float, float]] = []
 
 
@@ -148,6 +149,27 @@ def sleeper(requests):
     return [{"y": request["x"]} for request in requests]
 
 
+class LinearWrapper:
+    """Seed 002's multi-instance pattern without torch: one callable object per device, `@batch` on
+    `__call__`, positional outputs."""
+
+    def __init__(self, weights: np.ndarray, device: str) -> None:
+        self._weights = weights
+        self._device = device
+
+    @batch
+    def __call__(self, **inputs):
+        (input1_batch,) = inputs.values()
+        time.sleep(0.05)
+        LINEAR_DEVICES.append(self._device)
+        return [input1_batch @ self._weights]
+
+
+def linear_factory(devices: list[str]) -> list[LinearWrapper]:
+    weights = np.arange(20 * 30, dtype=np.float32).reshape(20, 30) / 600
+    return [LinearWrapper(weights, device) for device in devices]
+
+
 def flags(requests):
     return [{"inverted": ~request["flag"], "half": request["value"] / 2} for request in requests]
 
@@ -191,6 +213,20 @@ def server() -> Iterator[dict[str, Any]]:
         triton.bind("lenient", returns_float64, X, Y)
         triton.bind("extra_output", extra_output, X, Y)
         triton.bind("cached", cached, X, Y, config=ModelConfig(response_cache=True))
+        triton.bind(
+            "Linear",
+            linear_factory(devices=["device0", "device1"]),
+            [Tensor(dtype=np.float32, shape=(-1,))],
+            [Tensor(dtype=np.float32, shape=(-1,))],
+            config=ModelConfig(max_batch_size=16),
+        )
+        triton.bind(
+            "decoupled_plain",
+            lambda requests: [{"i": r["n"]} for r in requests],
+            STREAM_IN,
+            STREAM_OUT,
+            config=decoupled,
+        )
         triton.bind("two_instances", [sleeper, sleeper], X, Y, config=ModelConfig(batching=False))
         triton.bind(
             "string_and_bool_dtypes",
@@ -405,6 +441,29 @@ def test_a_list_of_callables_runs_as_concurrent_instances(server):
     (_, start_a, end_a), (_, start_b, end_b) = INSTANCE_SPANS
     assert max(start_a, start_b) < min(end_a, end_b), "the two instances did not overlap"
     assert elapsed < 1.8 * INSTANCE_SLEEP_S
+
+
+def test_plain_callable_on_a_decoupled_model_streams_one_response(server):
+    assert stream_once(server, "decoupled_plain", 7) == ([7], None)
+
+
+def test_instance_factory_serves_from_every_instance(server):
+    LINEAR_DEVICES.clear()
+    x = np.ones((1, 20), np.float32)
+    done: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server["grpc"])
+    try:
+        for _ in range(8):
+            inputs = _inputs(grpcclient, {"INPUT_1": x})
+            client.async_infer("Linear", inputs, callback=lambda result, error: done.put((result, error)))
+        results = [done.get(timeout=STREAM_TIMEOUT_S) for _ in range(8)]
+    finally:
+        client.close()
+    assert [error for _, error in results] == [None] * 8
+    expected = x @ linear_factory(["cpu"])[0]._weights
+    for result, _ in results:
+        assert np.allclose(result.as_numpy("OUTPUT_1"), expected)
+    assert set(LINEAR_DEVICES) == {"device0", "device1"}
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
