@@ -1,9 +1,14 @@
 """`helm test`: a CPU identity model in a watched namespace, and a restricted Pod that queries it
-through the model's Service with the configured worker image."""
+through the model's Service with the configured worker image. Both inline scripts also run here, in
+local mode against a real tritonserver, so a script that cannot serve or query fails before a cluster."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +16,8 @@ import yaml
 from helm_cluster import requires_helm
 from kubetriton.operator import children, naming, render
 from releases import NAMESPACE, installed
+
+from tests.conftest import free_ports
 
 pytestmark = requires_helm
 
@@ -89,3 +96,28 @@ def test_the_test_pod_is_restricted() -> None:
 
 def test_the_test_can_be_turned_off() -> None:
     assert installed("crd-not-kept").hooks == []
+
+
+def test_the_hook_model_answers_the_hook_client(tmp_path: Path) -> None:
+    """Both scripts for real, in local mode: the model's on a local Triton, the Pod's against it."""
+    model, pod = _hooks("defaults")
+    http, grpc, metrics = free_ports(3)
+    ports = {"HTTP_PORT": http, "GRPC_PORT": grpc, "METRICS_PORT": metrics}
+    environment = {
+        **os.environ,
+        **{f"PYTRITON_TRITON_CONFIG_{key}": str(port) for key, port in ports.items()},
+    }
+    cluster_url = naming.http_url(model["metadata"]["name"], model["metadata"]["namespace"])
+    client = _script(pod["spec"]["containers"][0]["command"]).replace(cluster_url, f"http://127.0.0.1:{http}")
+    server = subprocess.Popen(
+        [sys.executable, "-c", _script(model["spec"]["worker"]["command"])], env=environment, cwd=tmp_path
+    )
+    try:
+        answer = subprocess.run(
+            [sys.executable, "-c", client], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
+    finally:
+        server.terminate()
+        server.wait(30)
+    assert answer.returncode == 0, answer.stderr[-2000:]
+    assert "identity holds" in answer.stdout
