@@ -140,9 +140,12 @@ class Cluster:
             if error.status != 409:
                 raise
 
-    def allocatable(self, resource: str) -> int:
-        """The most of `resource` any one node can give a pod."""
-        nodes = self.core.list_node().items
+    def allocatable(self, resource: str, node_selector: dict[str, str] | None = None) -> int:
+        """The most of `resource` any one node that matches `node_selector` can give a pod."""
+        wanted = (node_selector or {}).items()
+        nodes = [
+            node for node in self.core.list_node().items if wanted <= (node.metadata.labels or {}).items()
+        ]
         return max((int((node.status.allocatable or {}).get(resource, 0)) for node in nodes), default=0)
 
     def apply_model(self, model: dict[str, Any], namespace: str) -> None:

@@ -37,8 +37,10 @@ def _runnable(example: str, cluster: Cluster) -> dict[str, Any]:
     model = load_example(example, image)
     gpus = model["spec"].get("gpus") or {}
     resource = gpus.get("resourceName", "nvidia.com/gpu")
-    if gpus.get("count", 0) > cluster.allocatable(resource):
-        pytest.skip(f"{example} needs a node with {gpus['count']} allocatable {resource}")
+    node_selector = (model["spec"].get("scheduling") or {}).get("nodeSelector")
+    if gpus.get("count", 0) > cluster.allocatable(resource, node_selector):
+        where = f" labelled {node_selector}" if node_selector else ""
+        pytest.skip(f"{example} needs a node{where} with {gpus['count']} allocatable {resource}")
     return model
 
 
