@@ -205,6 +205,8 @@ def test_bytes_round_trip_keeps_trailing_nuls(triton: Triton, url: str) -> None:
         assert list(batch[1]) == list(values)
         strings = client.infer_sample(np.array(["hello", "wörld"]))["text"]
         assert list(strings) == [b"hello", "wörld".encode()]
+        from_list = client.infer_sample(text=[b"x\x00\x00", "y"])["text"]
+        assert list(from_list) == [b"x\x00\x00", b"y"]
 
 
 @BOTH_URLS
@@ -258,6 +260,17 @@ def test_missing_model_times_out_waiting(triton: Triton) -> None:
         missing.wait_for_model(0.5)
     with ModelClient(HTTP_URL, "double") as client:
         client.wait_for_model(5)
+
+
+def test_first_call_waits_for_a_model_loaded_later(triton: Triton) -> None:
+    with FuturesModelClient(GRPC_URL, "late", init_timeout_s=60) as client:
+        pending = client.infer_sample(_floats(1.5))
+        time.sleep(0.5)
+        assert not pending.done()
+        triton.bind(
+            "late", _double, [_float_tensor("x")], [_float_tensor("y")], ModelConfig(max_batch_size=2)
+        )
+        assert pending.result(timeout=60)["y"].tolist() == [3.0]
 
 
 @BOTH_URLS

@@ -120,11 +120,12 @@ def merged_headers(
 
 
 def _as_array(value: Any, expected: np.dtype | None) -> np.ndarray:
-    """An input as an array Triton accepts; Python values take the dtype the model expects."""
+    """An input as an array Triton accepts; Python values take the dtype the model expects (bytes stay
+    whole in object arrays, whereas numpy's fixed-width bytes arrays drop trailing NULs)."""
     if isinstance(value, np.ndarray):
         array = value
-    elif expected is not None and expected != np.dtype(object):
-        array = np.asarray(value, dtype=expected)
+    elif expected is not None:
+        array = np.array(value, dtype=expected)
     else:
         array = np.asarray(value)
     if array.dtype.kind == "U":

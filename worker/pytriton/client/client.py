@@ -117,8 +117,6 @@ class _Transport:
 
 
 class ModelClient:
-    _streaming = False
-
     """Synchronous client of one model on a Triton server.
 
     The first call that needs the model waits for the server and the model to be ready (at most
@@ -130,6 +128,8 @@ class ModelClient:
 
     One client serves one thread at a time; FuturesModelClient gives each worker thread its own.
     """
+
+    _streaming = False
 
     def __init__(
         self,
@@ -155,6 +155,7 @@ class ModelClient:
         self._model_ready = not ensure_model_is_ready
         self._access_token = access_token
         self._lock = threading.RLock()
+        self._close_lock = threading.Lock()
         self._closed = False
         self._transport = _Transport(self._endpoint, self._inference_timeout_s)
         if not lazy_init:
@@ -186,8 +187,9 @@ class ModelClient:
         self.close()
 
     def close(self) -> None:
-        """Release the connection; later calls raise PyTritonClientClosedError."""
-        with self._lock:
+        """Release the connection; later calls raise PyTritonClientClosedError. A wait for the model in
+        another thread stops at its next poll."""
+        with self._close_lock:
             if self._closed:
                 return
             self._closed = True
