@@ -75,6 +75,14 @@ async def async_stream(requests):
         yield [{"i": np.array([i * 10], np.int32)}]
 
 
+@batch
+async def batched_async_stream(n, fail_at):
+    """`@batch` over an async generator, with positional outputs mapped through the model context."""
+    for i in range(int(n[0][0])):
+        await asyncio.sleep(0)
+        yield [np.full((len(n), 1), i * 100, np.int32)]
+
+
 def big_stream(requests):
     """Streams n responses of 1 MiB each: more than the response arena holds at once."""
     ((n, _),) = (_count(request) for request in requests)
@@ -202,6 +210,13 @@ def server() -> Iterator[dict[str, Any]]:
             [Tensor(name="block", shape=(BIG_BLOCK,), dtype=np.float32)],
             config=decoupled,
         )
+        triton.bind(
+            "batched_async_stream",
+            batched_async_stream,
+            STREAM_IN,
+            STREAM_OUT,
+            config=ModelConfig(decoupled=True, max_batch_size=4),
+        )
         triton.bind("endless", endless, STREAM_IN, STREAM_OUT, config=decoupled)
         triton.bind("async_endless", async_endless, STREAM_IN, STREAM_OUT, config=decoupled)
         triton.bind("returns_a_generator", returns_a_generator, X, Y)
@@ -261,14 +276,16 @@ def infer(server, protocol: str, model: str, arrays: dict[str, np.ndarray], **kw
         client.close()
 
 
-def stream_once(server, model: str, n: int, fail_at: int = -1) -> tuple[list[int], str | None]:
+def stream_once(
+    server, model: str, n: int, fail_at: int = -1, *, batched: bool = False
+) -> tuple[list[int], str | None]:
     """One streamed request over gRPC: the values of its responses, and the error that ended it, if any."""
-    arrays, error = stream_arrays(server, model, n, fail_at, "i")
-    return [int(array[0]) for array in arrays], error
+    arrays, error = stream_arrays(server, model, n, fail_at, "i", batched=batched)
+    return [int(array.ravel()[0]) for array in arrays], error
 
 
 def stream_arrays(
-    server, model: str, n: int, fail_at: int, output: str
+    server, model: str, n: int, fail_at: int, output: str, *, batched: bool = False
 ) -> tuple[list[np.ndarray], str | None]:
     events: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server["grpc"])
@@ -276,6 +293,8 @@ def stream_arrays(
     try:
         client.start_stream(callback=lambda result, error: events.put((result, error)))
         arrays = {"n": np.array([n], np.int32), "fail_at": np.array([fail_at], np.int32)}
+        if batched:
+            arrays = {name: array[None] for name, array in arrays.items()}
         client.async_stream_infer(model, _inputs(grpcclient, arrays), enable_empty_final_response=True)
         while True:
             result, error = events.get(timeout=STREAM_TIMEOUT_S)
@@ -313,6 +332,10 @@ def test_failure_mid_stream_ends_it_with_the_error_and_the_next_request_succeeds
     assert values == [0, scale]
     assert error is not None and f"RuntimeError: {model.replace('_', ' ')} broke at 2" in error
     assert stream_once(server, model, 2) == ([0, scale], None)
+
+
+def test_batch_decorated_async_generator_streams(server):
+    assert stream_once(server, "batched_async_stream", 3, batched=True) == ([0, 100, 200], None)
 
 
 def test_stream_larger_than_the_response_arena(server):
