@@ -383,10 +383,11 @@ def test_generator_returned_to_a_non_decoupled_model_is_an_error(server, protoco
     assert np.array_equal(infer(server, protocol, "async_double", {"x": x}).as_numpy("y"), x * 2)
 
 
-def test_decoupled_model_over_plain_http_gets_a_clear_error(server):
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_decoupled_model_without_streaming_gets_a_clear_error(server, protocol):
     arrays = {"n": np.array([1], np.int32), "fail_at": np.array([-1], np.int32)}
-    with pytest.raises(InferenceServerException, match="decoupled"):
-        infer(server, "http", "stream", arrays)
+    with pytest.raises(InferenceServerException, match="decoupled transaction policy"):
+        infer(server, protocol, "stream", arrays)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
