@@ -6,7 +6,9 @@ therefore run in parallel across instances. Coroutine callables run on one share
 
 The runtime also owns what the callable must not see: it decodes inputs into read-only arrays, checks
 that the responses match the declared outputs, maps exceptions to error messages for the client, and
-streams generator results for decoupled models.
+streams generator results for decoupled models. While a stream runs, the instance's thread also takes
+in the proxy's release and cancel messages, so a long stream neither exhausts the response arena nor
+outlives its cancelled clients.
 """
 
 from __future__ import annotations

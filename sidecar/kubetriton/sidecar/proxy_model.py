@@ -2,7 +2,10 @@
 
 Triton runs one proxy instance per bound callable, each in its own stub process. An instance connects a
 ZeroMQ DEALER to its worker instance's socket, creates its two shared-memory arenas, and for every
-`execute` sends the batch as one message and turns the reply into Triton responses.
+`execute` sends the batch as one message and turns the reply into Triton responses. For a decoupled
+model the worker replies once per streamed item: the proxy forwards each, releases its response blocks
+at once (the stream must not fill the arena), and tells the worker to close the generator when every
+client of the stream has cancelled.
 
 A worker that is not attached fails a request at once; a worker that goes away while a request is in
 flight fails it as soon as the connection drops. The arenas are reset then, because the blocks the
