@@ -379,17 +379,37 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
         responses = self._connection().stream_infer(
             requests(), stream_timeout=self._inference_timeout_s, headers=self._headers(headers)
         )
+        ended = False
         try:
             while True:
                 try:
                     result, error = await self._call(anext(responses), self._inference_timeout_s)
                 except StopAsyncIteration:
+                    ended = True
                     return
                 if error is not None:
-                    raise _protocol.translate_error(
+                    failure = _protocol.translate_error(
                         error, endpoint=self._endpoint, model_name=self._model_name
                     )
+                    ended = await self._drain(responses)
+                    raise failure
                 if _protocol.has_outputs(result):
                     yield _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
         finally:
-            responses.cancel()
+            # A stream the server has ended needs no cancel: cancelling a finished stream can hold Triton's
+            # shutdown for its whole exit timeout.
+            if not ended:
+                responses.cancel()
+
+    async def _drain(self, responses: AsyncIterator[Any]) -> bool:
+        """Read what the server still sends after an error; True once it has ended the stream."""
+
+        async def drain() -> None:
+            async for _ in responses:
+                pass
+
+        try:
+            await asyncio.wait_for(drain(), self._inference_timeout_s)
+        except Exception:
+            return False
+        return True

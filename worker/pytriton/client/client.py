@@ -422,6 +422,7 @@ class DecoupledModelClient(ModelClient):
         self._check_open()
         responses: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
         client = tritonclient.grpc.InferenceServerClient(self._endpoint.address, ssl=self._endpoint.ssl)
+        answered = False
         try:
             client.start_stream(
                 lambda result, error: responses.put((result, error)),
@@ -446,12 +447,14 @@ class DecoupledModelClient(ModelClient):
                     ) from None
                 self._check_open()
                 if error is not None:
+                    answered = True
                     raise _protocol.translate_error(
                         error, endpoint=self._endpoint, model_name=self._model_name
                     )
                 if _protocol.has_outputs(result):
                     yield _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
                 if _protocol.is_final_response(result):
+                    answered = True
                     return
         except PyTritonClientError:
             raise
@@ -460,7 +463,9 @@ class DecoupledModelClient(ModelClient):
                 error, endpoint=self._endpoint, model_name=self._model_name
             ) from error
         finally:
-            client.stop_stream(cancel_requests=True)
+            # Once the server has answered, end the stream gracefully: cancelling a finished stream can
+            # hold Triton's shutdown for its whole exit timeout.
+            client.stop_stream(cancel_requests=not answered)
             client.close()
 
 
