@@ -396,8 +396,7 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
                 if _protocol.has_outputs(result):
                     yield _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
         finally:
-            # A stream the server has ended needs no cancel: cancelling a finished stream can hold Triton's
-            # shutdown for its whole exit timeout.
+            # Cancel only a stream the server is still working on (the consumer stopped early, or a timeout).
             if not ended:
                 responses.cancel()
 

@@ -463,8 +463,8 @@ class DecoupledModelClient(ModelClient):
                 error, endpoint=self._endpoint, model_name=self._model_name
             ) from error
         finally:
-            # Once the server has answered, end the stream gracefully: cancelling a finished stream can
-            # hold Triton's shutdown for its whole exit timeout.
+            # Cancel only a stream the server is still working on (the consumer stopped early, or a timeout);
+            # an answered one is closed gracefully so the server sees a normal end.
             client.stop_stream(cancel_requests=not answered)
             client.close()
 
