@@ -254,6 +254,11 @@ def test_connection_refused_is_not_a_timeout(triton: Triton, scheme: str) -> Non
         assert time.monotonic() - started < 5
 
 
+def test_eager_init_reports_an_unreachable_server_at_construction() -> None:
+    with pytest.raises(PyTritonClientTimeoutError, match="connection refused"):
+        ModelClient(f"localhost:{REFUSED_PORT}", "double", lazy_init=False, init_timeout_s=0.3)
+
+
 def test_missing_model_times_out_waiting(triton: Triton) -> None:
     missing = ModelClient(HTTP_URL, "no_such_model", init_timeout_s=0.5)
     with missing, pytest.raises(PyTritonClientTimeoutError, match="no_such_model"):
