@@ -477,9 +477,13 @@ def test_instance_factory_serves_from_every_instance(server):
     done: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server["grpc"])
     try:
-        for _ in range(8):
+        for index in range(8):
             inputs = _inputs(grpcclient, {"INPUT_1": x})
             client.async_infer("Linear", inputs, callback=lambda result, error: done.put((result, error)))
+            if index == 0:
+                # Let the first request occupy one instance (it sleeps 50 ms), so that the dynamic batcher
+                # hands the others to the idle one instead of batching all eight together.
+                time.sleep(0.02)
         results = [done.get(timeout=STREAM_TIMEOUT_S) for _ in range(8)]
     finally:
         client.close()
