@@ -6,12 +6,14 @@ Queries go through plain `tritonclient` over HTTP and gRPC, so these tests hold 
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from kubetriton.server import remove_abandoned_shared_memory
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
@@ -210,3 +212,18 @@ def test_inputs_kept_by_the_callable_stay_intact(server):
         assert np.array_equal(infer(server, "http", "retains_input", {"x": other})["y"], other)
     assert np.array_equal(RETAINED[0], first)
     assert not RETAINED[0].flags.writeable
+
+
+def test_shared_memory_of_killed_servers_is_removed_and_nothing_else(tmp_path):
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    abandoned = tmp_path / f"kubetriton-{exited.pid}-0a1b2c3d"
+    (abandoned / "arenas").mkdir(parents=True)
+    abandoned_region = tmp_path / f"kubetriton-{exited.pid}-0a1b2c3d_model_ref"
+    abandoned_region.write_bytes(b"x")
+    live = tmp_path / f"kubetriton-{os.getpid()}-0a1b2c3d"
+    live.mkdir()
+    foreign = tmp_path / "kubetriton-someone-else"
+    foreign.mkdir()
+    remove_abandoned_shared_memory(tmp_path)
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([live.name, foreign.name])

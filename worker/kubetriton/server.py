@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,6 +26,33 @@ from kubetriton.podenv import tritonserver_args
 from kubetriton.triton_home import TritonHome
 
 LIVENESS_POLL_S = 0.05
+OWNED_SHM_NAME = re.compile(r"kubetriton-(?P<pid>\d+)-[0-9a-f]{8}")
+"""A local server's shared memory: `kubetriton-<pid of its Python process>-<random>`, then suffixes."""
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_abandoned_shared_memory(shm_dir: Path) -> None:
+    """Remove what local servers of killed processes left in shared memory (SIGKILL allows no clean-up).
+
+    Only names of the local-server form whose owning process no longer exists are touched.
+    """
+    for entry in shm_dir.glob("kubetriton-*"):
+        owner = OWNED_SHM_NAME.match(entry.name)
+        if owner is None or _process_exists(int(owner["pid"])):
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _die_with_parent() -> None:
@@ -89,6 +118,7 @@ class LocalTritonServer:
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 60.0) -> None:
+        remove_abandoned_shared_memory(Path(self._shm_prefix).parent)
         with self._log_path.open("ab") as log:
             self._process = subprocess.Popen(
                 [str(self._home.executable), *self._args],
