@@ -180,17 +180,19 @@ def encode_tensor(
     nbytes]`. The arena allocation is the caller's to free once the peer reports it released.
     """
     shape = list(array.shape)
-    if is_bytes_dtype(array.dtype):
-        dtype, data = BYTES, np.frombuffer(serialize_bytes(array), np.uint8)
-    else:
-        dtype, data = array.dtype.str, np.ascontiguousarray(array)
-    nbytes = data.nbytes
+    serialized = serialize_bytes(array) if is_bytes_dtype(array.dtype) else None
+    dtype = BYTES if serialized is not None else array.dtype.str
+    nbytes = len(serialized) if serialized is not None else array.nbytes
     if nbytes <= inline_limit or arena is None or arena.size == 0:
-        frames.append(data.tobytes())  # pyzmq sends bytes far faster than a numpy buffer
+        # bytes, not a numpy buffer: pyzmq sends them far faster
+        frames.append(serialized if serialized is not None else array.tobytes())
         return [name, dtype, shape, "f", len(frames) - 1]
     offset = arena.allocate(nbytes)
     target = arena.buffer[offset : offset + nbytes]
-    target[...] = data.reshape(-1).view(np.uint8)
+    if serialized is not None:
+        target[...] = np.frombuffer(serialized, np.uint8)
+    else:
+        np.copyto(target.view(array.dtype).reshape(array.shape), array)
     return [name, dtype, shape, "a", offset, nbytes]
 
 

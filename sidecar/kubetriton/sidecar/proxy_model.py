@@ -157,17 +157,17 @@ class TritonPythonModel:
             ) from None
         return self._next_id
 
-    def _receive(self, message_id: int) -> tuple[dict[str, Any], list[memoryview]]:
+    def _receive(self, message_id: int) -> tuple[dict[str, Any], list[bytes]]:
         """Wait for the worker's reply to `message_id`, failing as soon as the worker disconnects."""
         while True:
             ready = dict(self._poller.poll())
             if self._socket in ready:
-                frames = self._socket.recv_multipart(copy=False)
-                header = decode_header(frames[0].buffer)
+                frames = self._socket.recv_multipart()
+                header = decode_header(frames[0])
                 for offset in header.get("released", ()):
                     self._requests_arena.free(offset)
                 if header.get("id") == message_id:
-                    return header, [frame.buffer for frame in frames[1:]]
+                    return header, frames[1:]
             elif self._monitor in ready and not self._still_connected():
                 raise WorkerUnavailableError(
                     f"The worker of model '{self._model}' went away while the request was in flight"
@@ -221,7 +221,7 @@ class TritonPythonModel:
             except zmq.Again:
                 self._forget_worker()
 
-    def _response(self, entry: dict[str, Any], data: list[memoryview]) -> Any:
+    def _response(self, entry: dict[str, Any], data: list[bytes]) -> Any:
         if "error" in entry:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(entry["error"]))
         tensors = []
