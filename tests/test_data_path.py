@@ -6,6 +6,7 @@ Queries go through plain `tritonclient` over HTTP and gRPC, so these tests hold 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 
@@ -14,6 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from kubetriton.server import remove_abandoned_shared_memory
+from pytriton.exceptions import PyTritonRuntimeError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
@@ -227,3 +229,14 @@ def test_shared_memory_of_killed_servers_is_removed_and_nothing_else(tmp_path):
     foreign.mkdir()
     remove_abandoned_shared_memory(tmp_path)
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted([live.name, foreign.name])
+
+
+def test_a_port_in_use_is_refused_before_tritonserver_starts():
+    http, grpc, metrics = free_ports(3)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", grpc))
+        taken.listen()
+        triton = Triton(config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics))
+        with pytest.raises(PyTritonRuntimeError, match=rf"gRPC port {grpc} is in use"):
+            triton.run()
+        triton.stop()

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -101,6 +102,7 @@ class LocalTritonServer:
         self._shm_prefix = shm_prefix
         self._log_path = log_path
         self._exit_timeout_s = exit_timeout_s
+        self._ports = {"HTTP": http_port, "gRPC": grpc_port, "metrics": metrics_port}
         self._args = [
             *tritonserver_args(
                 model_repository=str(model_repository),
@@ -118,6 +120,7 @@ class LocalTritonServer:
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 60.0) -> None:
+        self._check_ports_free()
         remove_abandoned_shared_memory(Path(self._shm_prefix).parent)
         with self._log_path.open("ab") as log:
             self._process = subprocess.Popen(
@@ -135,6 +138,20 @@ class LocalTritonServer:
             raise PyTritonRuntimeError(
                 f"{error}. Last lines of {self._log_path}:\n{self.log_tail()}"
             ) from None
+
+    def _check_ports_free(self) -> None:
+        """Fail before launching when a port is taken: the server already there would answer in its place."""
+        for what, port in self._ports.items():
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind(("0.0.0.0", port))
+                except OSError as error:
+                    raise PyTritonRuntimeError(
+                        f"Cannot start tritonserver: its {what} port {port} is in use ({error.strerror}). "
+                        "Stop what listens there, or choose other ports with "
+                        "TritonConfig(http_port=..., grpc_port=..., metrics_port=...)"
+                    ) from None
 
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
