@@ -182,7 +182,7 @@ def test_triton_sidecar_is_the_stock_image_without_a_gpu() -> None:
     triton = _containers(_deployment())["triton"]
     assert triton["image"] == podenv.TRITON_IMAGE
     env = {e["name"]: e["value"] for e in triton["env"]}
-    assert env == {"NVIDIA_VISIBLE_DEVICES": "void", "PYTHONPATH": "/workspace/runtime"}
+    assert env == {"NVIDIA_VISIBLE_DEVICES": "void"}
     assert triton["startupProbe"]["httpGet"] == {"path": "/v2/health/live", "port": podenv.HTTP_PORT}
     assert "resources" not in triton
 

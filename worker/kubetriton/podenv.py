@@ -45,6 +45,8 @@ ENV_MODELS = "KUBETRITON_MODELS"
 ENV_DRAIN_SECONDS = "KUBETRITON_DRAIN_SECONDS"
 ENV_ARENA_BYTES = "KUBETRITON_ARENA_BYTES"
 ENV_HEALTH_PORT = "KUBETRITON_HEALTH_PORT"
+ENV_TRITON_IMAGE = "KUBETRITON_TRITON_IMAGE"
+"""Given to `kubetriton bootstrap`: the sidecar's image, whose tag decides the sidecar's Python."""
 ENV_SHM_DIR = "KUBETRITON_SHM_DIR"
 """Where the shared-memory volume is mounted in both containers (default /dev/shm)."""
 

@@ -12,7 +12,6 @@ from typing import Any
 from kubetriton import podenv
 from kubetriton.operator import naming
 from kubetriton.operator.spec import PyTritonModel, PyTritonModelSpec
-from kubetriton.sidecar import bootstrap
 
 BOOTSTRAP_CONTAINER = "bootstrap"
 TRITON_CONTAINER = "triton"
@@ -67,7 +66,7 @@ def _bootstrap_container(spec: PyTritonModelSpec) -> dict[str, Any]:
         "command": ["kubetriton", "bootstrap"],
         "env": [
             {"name": podenv.ENV_WORKSPACE, "value": podenv.WORKSPACE_MOUNT},
-            {"name": bootstrap.ENV_TRITON_IMAGE, "value": spec.triton.image},
+            {"name": podenv.ENV_TRITON_IMAGE, "value": spec.triton.image},
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [_workspace_mount()],
@@ -95,7 +94,6 @@ def _triton_container(spec: PyTritonModelSpec) -> dict[str, Any]:
         "command": triton_command(spec),
         "env": [
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
-            {"name": "PYTHONPATH", "value": f"{podenv.WORKSPACE_MOUNT}/{podenv.RUNTIME_SUBDIR}"},
         ],
         "ports": [
             {"name": "http", "containerPort": podenv.HTTP_PORT},

@@ -2,9 +2,9 @@
 
 The sidecar runs `nvcr.io/nvidia/tritonserver:<tag>-py3` unmodified. Its Python has numpy but not pyzmq,
 and not kubetriton. This init step runs from the worker image, before the sidecar starts, and puts into
-`<workspace>/runtime` (the sidecar's PYTHONPATH) the proxy's own modules and pyzmq unpacked from a wheel
-built for the sidecar's Python, which differs from the worker's. It also writes the repository token
-that Triton demands for loading models.
+`<workspace>/runtime` the proxy's own modules and pyzmq unpacked from a wheel built for the sidecar's
+Python, which differs from the worker's; the generated model.py puts that folder on the stub's import
+path. It also writes the repository token that Triton demands for loading models.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from kubetriton import podenv
 SIDECAR_PYTHON = {"24": "3.10", "25": "3.12"}
 """Python of the stock Triton images by release year: 24.xx images are Ubuntu 22.04, 25.xx are 24.04."""
 DEFAULT_WHEELS = Path("/opt/kubetriton/sidecar-wheels")
-ENV_TRITON_IMAGE = "KUBETRITON_TRITON_IMAGE"
 ENV_SIDECAR_PYTHON = "KUBETRITON_SIDECAR_PYTHON"
 """Overrides the Python version derived from the image, for a sidecar that is not a stock image."""
 ENV_SIDECAR_WHEELS = "KUBETRITON_SIDECAR_WHEELS"
@@ -86,7 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workspace", type=Path, default=Path(os.environ.get(podenv.ENV_WORKSPACE, podenv.WORKSPACE_MOUNT))
     )
-    parser.add_argument("--triton-image", default=os.environ.get(ENV_TRITON_IMAGE, podenv.TRITON_IMAGE))
+    parser.add_argument(
+        "--triton-image", default=os.environ.get(podenv.ENV_TRITON_IMAGE, podenv.TRITON_IMAGE)
+    )
     parser.add_argument(
         "--wheels", type=Path, default=Path(os.environ.get(ENV_SIDECAR_WHEELS, DEFAULT_WHEELS))
     )
