@@ -106,7 +106,10 @@ SCENARIOS: list[tuple[str, dict[str, Any], bool, list[str], list[str]]] = [
                 ],
                 "priorityClassName": "inference",
             },
-            "service": {"type": "LoadBalancer", "ports": {"http": 80, "grpc": 81, "metrics": 82}},
+            "service": {
+                "type": "LoadBalancer",
+                "ports": {"http": 80, "grpc": 81, "metrics": 82, "worker": 83},
+            },
             "serviceAccountName": "esm1-reader",
         },
         False,
@@ -137,7 +140,10 @@ def test_children_per_spec(changes: dict[str, Any], monitor: bool, kinds: list[s
 def test_children_pass_the_kubernetes_schemas(changes: dict[str, Any], monitor: bool) -> None:
     for obj in children.desired(model_with(**changes), service_monitor=monitor):
         if obj["kind"] == "ServiceMonitor":
-            assert obj["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics"}]
+            assert obj["spec"]["endpoints"] == [
+                {"port": "metrics", "path": "/metrics"},
+                {"port": "worker", "path": "/metrics"},
+            ]
             continue
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
@@ -321,6 +327,7 @@ def test_service_ports() -> None:
         {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"},
         {"name": "grpc", "port": 8001, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
         {"name": "metrics", "port": 8002, "targetPort": "metrics", "protocol": "TCP"},
+        {"name": "worker", "port": 8080, "targetPort": "health", "protocol": "TCP"},
     ]
     assert service["spec"]["selector"] == {
         "app.kubernetes.io/name": "pytriton-model",

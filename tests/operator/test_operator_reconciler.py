@@ -399,5 +399,5 @@ async def test_service_monitor_only_where_its_crd_exists(
         lambda: stored(cluster, "monitoring.coreos.com/v1/servicemonitors", "monitored"),
         message="ServiceMonitor",
     )
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics"}]
+    assert [endpoint["port"] for endpoint in monitor["spec"]["endpoints"]] == ["metrics", "worker"]
     assert stored(cluster, "monitoring.coreos.com/v1/servicemonitors", "plain") is None

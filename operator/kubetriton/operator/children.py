@@ -36,6 +36,7 @@ HORIZONTAL_POD_AUTOSCALER = ChildKind("autoscaling/v2", "HorizontalPodAutoscaler
 SERVICE_MONITOR = ChildKind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors")
 CHILD_KINDS = (DEPLOYMENT, SERVICE, POD_DISRUPTION_BUDGET, HORIZONTAL_POD_AUTOSCALER, SERVICE_MONITOR)
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+SERVICE_MONITOR_ENDPOINTS = [{"port": "metrics", "path": "/metrics"}, {"port": "worker", "path": "/metrics"}]
 
 
 def kind_of(obj: dict[str, Any]) -> ChildKind:
@@ -84,7 +85,7 @@ def build_replicas_handover(model: PyTritonModel, replicas: int) -> dict[str, An
 
 
 def build_service(model: PyTritonModel) -> dict[str, Any]:
-    """The Service clients use: Triton's HTTP, gRPC and metrics ports."""
+    """The Service clients use: Triton's HTTP, gRPC and metrics ports, and the worker's health port."""
     ports = model.spec.service.ports
     return _object(
         SERVICE,
@@ -102,6 +103,7 @@ def build_service(model: PyTritonModel) -> dict[str, Any]:
                     "appProtocol": "grpc",
                 },
                 {"name": "metrics", "port": ports.metrics, "targetPort": "metrics", "protocol": "TCP"},
+                {"name": "worker", "port": ports.worker, "targetPort": "health", "protocol": "TCP"},
             ],
         },
     )
@@ -150,13 +152,14 @@ def build_horizontal_pod_autoscaler(model: PyTritonModel) -> dict[str, Any]:
 
 
 def build_service_monitor(model: PyTritonModel) -> dict[str, Any]:
-    """Prometheus Operator scraping of Triton's metrics port."""
+    """Prometheus Operator scraping of Triton's metrics and of the worker's (requests, failures, busy
+    time, in-flight requests and attached instances per model)."""
     return _object(
         SERVICE_MONITOR,
         model,
         {
             "selector": {"matchLabels": naming.selector_labels(model.metadata.name)},
-            "endpoints": [{"port": "metrics", "path": "/metrics"}],
+            "endpoints": SERVICE_MONITOR_ENDPOINTS,
         },
     )
 

@@ -150,11 +150,13 @@ class SchedulingSpec(_Model):
 
 
 class ServicePorts(_Model):
-    """Ports that the Service exposes; they route to Triton's fixed ports in the pod."""
+    """Ports that the Service exposes; they route to fixed ports in the pod: Triton's HTTP, gRPC and
+    metrics, and the worker's health endpoint, whose /metrics has the worker's own counters."""
 
     http: Annotated[int, Field(ge=1, le=65535)] = podenv.HTTP_PORT
     grpc: Annotated[int, Field(ge=1, le=65535)] = podenv.GRPC_PORT
     metrics: Annotated[int, Field(ge=1, le=65535)] = podenv.METRICS_PORT
+    worker: Annotated[int, Field(ge=1, le=65535)] = podenv.HEALTH_PORT
 
 
 class ServiceSpec(_Model):
