@@ -66,6 +66,9 @@ with Triton() as triton:
     )
     triton.bind("Slow", slow, [Tensor(name="x", dtype=np.float32, shape=(1,))],
                 [Tensor(name="y", dtype=np.float32, shape=(1,))], config=ModelConfig(max_batch_size=8))
+    triton.bind("Cached", lambda requests: requests, [Tensor(name="x", dtype=np.float32, shape=(1,))],
+                [Tensor(name="y", dtype=np.float32, shape=(1,))],
+                config=ModelConfig(max_batch_size=8, response_cache=True))
     triton.serve()
 """
 
@@ -105,7 +108,8 @@ def tritonserver_shim(directory: Path, python_env: Path) -> Path:
         "#!/bin/sh\n"
         f"export LD_LIBRARY_PATH='{environment['LD_LIBRARY_PATH']}'\n"
         f"export PATH='{python_env / 'bin'}:/usr/bin:/bin'\n"
-        f"exec '{home.executable}' --backend-directory='{home.backends}' \"$@\"\n"
+        f"exec '{home.executable}' --backend-directory='{home.backends}' "
+        f"--cache-directory='{home.path / 'caches'}' \"$@\"\n"
     )
     shim.chmod(0o755)
     return directory
@@ -257,8 +261,16 @@ def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path
 
     for protocol in ("http", "grpc"):
         assert identity(protocol, 4.5).tolist() == [[4.5]]
+    cached = httpclient.InferenceServerClient(f"127.0.0.1:{podenv.HTTP_PORT}")
+    wait_for(lambda: cached.is_model_ready("Cached"), 30, "the undeclared model Cached")
+    tensor = httpclient.InferInput("x", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[2.5]], np.float32))
+    for _ in range(3):  # the sidecar's response cache answers the repeats
+        assert cached.infer("Cached", [tensor]).as_numpy("y").tolist() == [[2.5]]
+    cached.close()
     status, metrics = probe("/metrics")
     assert status == 200 and 'kubetriton_requests_total{model="Identity"} 2.0' in metrics
+    assert 'kubetriton_requests_total{model="Cached"} 1.0' in metrics
 
     # Killing the worker: readiness goes, requests fail fast with a clear error, Triton stays up.
     pod.processes["worker"].kill()

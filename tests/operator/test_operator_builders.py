@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import shlex
 import stat
 import subprocess
 from pathlib import Path
@@ -212,8 +213,16 @@ def test_triton_command_passes_the_token_from_the_workspace_file(tmp_path: Path,
     expected = podenv.tritonserver_args(
         model_repository="/workspace/models", repository_token=token, exit_timeout_s=45
     )
-    expected += ["--log-info=true", "--id=a b"]
+    expected += [f"--cache-config={podenv.DEFAULT_CACHE_CONFIG}", "--log-info=true", "--id=a b"]
     assert printed.stdout.splitlines() == expected
+
+
+def test_triton_gets_the_default_response_cache_unless_the_user_configures_one() -> None:
+    default = f"--cache-config={podenv.DEFAULT_CACHE_CONFIG}"
+    assert shlex.quote(default) in pod.triton_command(model_with().spec)[2]
+    own = model_with(triton={"args": ["--cache-config=local,size=1048576"]})
+    script = pod.triton_command(own.spec)[2]
+    assert shlex.quote(default) not in script and "--cache-config=local,size=1048576" in script
 
 
 def test_triton_does_not_start_without_the_token_file(tmp_path: Path) -> None:

@@ -51,6 +51,9 @@ ENV_SHM_DIR = "KUBETRITON_SHM_DIR"
 """Where the shared-memory volume is mounted in both containers (default /dev/shm)."""
 
 REPOSITORY_TOKEN_HEADER = "kubetriton-repository-token"
+DEFAULT_CACHE_CONFIG = "local,size=16777216"
+"""Triton's response cache, local and 16 MiB, in local mode and in the sidecar alike, so that a model bound
+with `ModelConfig(response_cache=True)` is cached in both unless the user configures the cache."""
 DEFAULT_DRAIN_SECONDS = 30
 DEFAULT_ARENA_BYTES = 256 * 1024 * 1024
 

@@ -47,7 +47,7 @@ ENV_CONFIG_PREFIX = "PYTRITON_TRITON_CONFIG_"
 SIDECAR_WAIT_S = 600.0
 MODEL_LOAD_TIMEOUT_S = 300.0
 DRAIN_QUIET_S = 0.5
-DEFAULT_CACHE_CONFIG = ["local,size=16777216"]
+DEFAULT_CACHE_CONFIG = [podenv.DEFAULT_CACHE_CONFIG]
 """Local mode enables Triton's response cache (16 MiB) unless `cache_config` says otherwise; only models
 bound with `ModelConfig(response_cache=True)` use it."""
 LOAD_ERROR_LOG_LINES = 200

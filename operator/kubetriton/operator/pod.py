@@ -54,6 +54,8 @@ def triton_command(spec: PyTritonModelSpec) -> list[str]:
         repository_token=_TOKEN_PLACEHOLDER,
         exit_timeout_s=spec.drain_seconds,
     )
+    if not any(argument.startswith("--cache-config") for argument in spec.triton.args):
+        arguments.append(f"--cache-config={podenv.DEFAULT_CACHE_CONFIG}")
     token_file = shlex.quote(f"{workspace}/{podenv.REPOSITORY_TOKEN_FILE}")
     line = " ".join(_quote_with_token(argument) for argument in [*arguments, *spec.triton.args])
     return ["/bin/sh", "-c", f'{_TOKEN_VARIABLE}="$(cat {token_file})" && exec tritonserver {line}']
