@@ -9,6 +9,11 @@ from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
 import pytest
+import tritonclient.http
+import tritonclient.utils
+from kubetriton.podenv import REPOSITORY_TOKEN_HEADER
+from kubetriton.server import LocalTritonServer
+from kubetriton.triton_home import locate
 from pytriton.client import (
     AsyncioDecoupledModelClient,
     AsyncioModelClient,
@@ -27,6 +32,8 @@ from pytriton.client._protocol import parse_url
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy.types import Request
 from pytriton.triton import Triton, TritonConfig
+
+from tests.conftest import free_ports
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 31000, 31001, 31002
 REFUSED_PORT = 31099
@@ -485,3 +492,76 @@ def test_asyncio_connection_refused_is_not_a_timeout(triton: Triton, scheme: str
                 await client.infer_sample(_floats(1.0))
 
     asyncio.run(scenario())
+
+
+GOOD_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        inputs = [pb_utils.get_input_tensor_by_name(request, "x").as_numpy() for request in requests]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]) for x in inputs]
+"""
+BROKEN_MODEL = """
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("weights missing")
+"""
+PLAIN_CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 4
+input [ {{ name: "x" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "y" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+"""
+
+
+@pytest.fixture(scope="module")
+def plain_triton_with_a_broken_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A plain Triton (no kubetriton models) where one model failed to load: with strict readiness the
+    server reports not ready, while the other model serves."""
+    workspace = tmp_path_factory.mktemp("plain-triton")
+    repository = workspace / "models"
+    for name, source in (("good", GOOD_MODEL), ("broken", BROKEN_MODEL)):
+        (repository / name / "1").mkdir(parents=True)
+        (repository / name / "1" / "model.py").write_text(source)
+        (repository / name / "config.pbtxt").write_text(PLAIN_CONFIG.format(name=name))
+    http, grpc, metrics = free_ports(3)
+    server = LocalTritonServer(
+        locate(),
+        model_repository=repository,
+        repository_token="plain",
+        shm_prefix=f"/dev/shm/kubetriton-plain-{http}",
+        log_path=workspace / "tritonserver.log",
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        exit_timeout_s=5,
+        log_verbose=0,
+        extra_args=[],
+    )
+    server.start()
+    try:
+        control = tritonclient.http.InferenceServerClient(f"localhost:{http}")
+        control.load_model("good", headers={REPOSITORY_TOKEN_HEADER: "plain"})
+        with pytest.raises(tritonclient.utils.InferenceServerException, match="weights missing"):
+            control.load_model("broken", headers={REPOSITORY_TOKEN_HEADER: "plain"})
+        assert not control.is_server_ready()
+        control.close()
+        yield f"http://localhost:{http}", f"grpc://localhost:{grpc}"
+    finally:
+        server.stop()
+
+
+def test_a_model_serves_while_another_failed_to_load(plain_triton_with_a_broken_model) -> None:
+    for url in plain_triton_with_a_broken_model:
+        with ModelClient(url, "good", init_timeout_s=10) as client:
+            assert client.infer_sample(_floats(2.5))["y"].tolist() == [2.5]
+
+        async def query(url: str = url) -> None:
+            async with AsyncioModelClient(url, "good", init_timeout_s=10) as client:
+                assert (await client.infer_sample(_floats(3.5)))["y"].tolist() == [3.5]
+
+        asyncio.run(query())
+        broken = ModelClient(url, "broken", init_timeout_s=0.5)
+        with broken, pytest.raises(PyTritonClientTimeoutError, match="model broken is not ready"):
+            broken.infer_sample(_floats(1.0))

@@ -233,11 +233,12 @@ class AsyncioModelClient:
             return self._model_config
 
     async def _probe(self, timeout_s: float) -> str | None:
-        """None when the server and the model are ready, otherwise what is not ready yet."""
+        """None when the model is ready, otherwise what is not ready yet (server liveness, not readiness,
+        as in the synchronous client)."""
         client = self._connection()
         headers = self._headers()
-        if not await asyncio.wait_for(client.is_server_ready(headers=headers), timeout_s):
-            return f"Triton at {self.url} is not ready"
+        if not await asyncio.wait_for(client.is_server_live(headers=headers), timeout_s):
+            return f"Triton at {self.url} is not live"
         if not await asyncio.wait_for(
             client.is_model_ready(self._model_name, self._version, headers=headers), timeout_s
         ):

@@ -62,9 +62,12 @@ class _Transport:
         return {"client_timeout": self.timeout_s} if self.is_grpc else {}
 
     def is_ready(self, model_name: str, model_version: str, headers: dict[str, str]) -> str | None:
-        """None when the server and the model are ready, otherwise what is not ready yet."""
-        if not self.client.is_server_ready(headers=headers, **self._timeout_kwargs()):
-            return f"Triton at {self.endpoint.url} is not ready"
+        """None when the model is ready, otherwise what is not ready yet.
+
+        Server liveness, not readiness: with strict readiness one model that failed to load makes the
+        whole server not ready, and the model asked for may serve all the same."""
+        if not self.client.is_server_live(headers=headers, **self._timeout_kwargs()):
+            return f"Triton at {self.endpoint.url} is not live"
         if not self.client.is_model_ready(
             model_name, model_version, headers=headers, **self._timeout_kwargs()
         ):
