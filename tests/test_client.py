@@ -156,7 +156,16 @@ def test_url_forms(url: str, expected: str) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["", "   ", "ftp://host:21", "http://host:notaport", "http://host:99999", "http://", "grpc://h:1/path"],
+    [
+        "",
+        "   ",
+        "ftp://host:21",
+        "http://host:notaport",
+        "http://host:99999",
+        "http://host:0",
+        "http://",
+        "grpc://h:1/path",
+    ],
 )
 def test_invalid_urls_raise(url: str) -> None:
     with pytest.raises(PyTritonClientInvalidUrlError):
@@ -306,6 +315,13 @@ def test_token_headers_and_parameters_are_sent(triton: Triton, url: str) -> None
     assert result["authorization"][0] == b"Bearer s3cret"
     assert result["custom"][0] == b"yes"
     assert result["parameter"][0] == b"3"
+
+
+@BOTH_URLS
+def test_an_authorization_header_of_the_call_replaces_the_token(triton: Triton, url: str) -> None:
+    with ModelClient(url, "headers", access_token="s3cret") as client:
+        result = client.infer_sample(np.array([1.0], np.float32), headers={"Authorization": "Basic b3du"})
+    assert result["authorization"][0] == b"Basic b3du"
 
 
 def test_from_existing_client_reuses_the_config(triton: Triton) -> None:
@@ -565,3 +581,30 @@ def test_a_model_serves_while_another_failed_to_load(plain_triton_with_a_broken_
         broken = ModelClient(url, "broken", init_timeout_s=0.5)
         with broken, pytest.raises(PyTritonClientTimeoutError, match="model broken is not ready"):
             broken.infer_sample(_floats(1.0))
+
+
+def test_failed_eager_asyncio_init_closes_the_client() -> None:
+    async def scenario() -> None:
+        client = AsyncioModelClient(
+            f"localhost:{REFUSED_PORT}", "double", lazy_init=False, init_timeout_s=0.3
+        )
+        with pytest.raises(PyTritonClientTimeoutError, match="connection refused"):
+            async with client:
+                pass
+        with pytest.raises(PyTritonClientClosedError):
+            await client.infer_sample(_floats(1.0))
+
+    asyncio.run(scenario())
+
+
+def test_futures_client_names_its_model_and_server() -> None:
+    with FuturesModelClient("grpc://localhost:9001", "double", model_version="2") as client:
+        assert (client.url, client.model_name, client.model_version) == (
+            "grpc://localhost:9001",
+            "double",
+            "2",
+        )
+
+
+def test_a_triton_not_started_is_not_alive() -> None:
+    assert Triton().is_alive() is False

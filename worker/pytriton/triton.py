@@ -260,6 +260,8 @@ class Triton:
             raise SystemExit(f"Serving stopped after an unrecoverable error: {self._fatal}")
 
     def is_alive(self) -> bool:
+        if not self._http_url:
+            return False
         with (
             contextlib.suppress(OSError, urllib.error.URLError),
             urllib.request.urlopen(f"{self._http_url}/v2/health/live", timeout=1) as response,

@@ -80,9 +80,9 @@ def parse_url(url: str) -> Endpoint:
     try:
         port = parsed.port
     except ValueError:
-        raise PyTritonClientInvalidUrlError(
-            f"Invalid Triton URL {url!r}: the port is not a number in 1-65535"
-        ) from None
+        port = 0
+    if port == 0:
+        raise PyTritonClientInvalidUrlError(f"Invalid Triton URL {url!r}: the port is not in 1-65535")
     if not parsed.hostname:
         raise PyTritonClientInvalidUrlError(f"Invalid Triton URL {url!r}: no host")
     if parsed.query or parsed.fragment or parsed.username or parsed.password:
@@ -106,16 +106,14 @@ def new_request_id() -> str:
     return f"{os.getpid()}-{next(_request_ids)}"
 
 
-def merged_headers(
-    access_token: str | None, headers: Mapping[str, str] | None, protocol: str
-) -> dict[str, str]:
-    """Call headers over the token header; gRPC metadata keys must be lower case."""
+def merged_headers(access_token: str | None, headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The token header, then the call's headers over it (an `Authorization` given with the call replaces
+    the token's). Names are lower case, as gRPC metadata demands, so that the callable sees the same
+    names over HTTP and gRPC."""
     merged: dict[str, str] = {}
     if access_token:
         merged["authorization"] = f"Bearer {access_token}"
-    merged.update(headers or {})
-    if protocol == "grpc":
-        merged = {key.lower(): value for key, value in merged.items()}
+    merged.update({key.lower(): value for key, value in (headers or {}).items()})
     return merged
 
 

@@ -70,7 +70,11 @@ class AsyncioModelClient:
 
     async def __aenter__(self) -> AsyncioModelClient:
         if not self._lazy_init:
-            await self._initialize()
+            try:
+                await self._initialize()
+            except BaseException:
+                await self.close()
+                raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -142,7 +146,7 @@ class AsyncioModelClient:
         return self._model_version or ""
 
     def _headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
-        return _protocol.merged_headers(self._access_token, headers, self._endpoint.protocol)
+        return _protocol.merged_headers(self._access_token, headers)
 
     def _check_open(self) -> None:
         if self._closed:

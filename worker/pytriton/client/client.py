@@ -284,7 +284,7 @@ class ModelClient:
         return self._model_version or ""
 
     def _headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
-        return _protocol.merged_headers(self._access_token, headers, self._endpoint.protocol)
+        return _protocol.merged_headers(self._access_token, headers)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -518,6 +518,18 @@ class FuturesModelClient:
 
     def __enter__(self) -> FuturesModelClient:
         return self
+
+    @property
+    def url(self) -> str:
+        return self._endpoint.url
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @property
+    def model_version(self) -> str | None:
+        return self._model_version
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
