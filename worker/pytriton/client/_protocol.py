@@ -61,6 +61,26 @@ class Endpoint:
         return f"{scheme}://{self.address}"
 
 
+class ModelAddress:
+    """What every client names: the server's URL, the model and its version."""
+
+    _endpoint: Endpoint
+    _model_name: str
+    _model_version: str | None
+
+    @property
+    def url(self) -> str:
+        return self._endpoint.url
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @property
+    def model_version(self) -> str | None:
+        return self._model_version
+
+
 def parse_url(url: str) -> Endpoint:
     """`localhost`, `host:port`, `http://host:port` or `grpc://host:port` (also `https`, `grpcs`).
 

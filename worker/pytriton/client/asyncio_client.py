@@ -33,7 +33,7 @@ from pytriton.client.triton_model_config import TritonModelConfig
 _T = TypeVar("_T")
 
 
-class AsyncioModelClient:
+class AsyncioModelClient(_protocol.ModelAddress):
     """asyncio client of one model on a Triton server; see ModelClient for the waiting, timeout and error
     rules. Use `async with`, or `await close()`. With `lazy_init=False`, entering the context waits for
     the model and reads its configuration."""
@@ -88,18 +88,6 @@ class AsyncioModelClient:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
-
-    @property
-    def url(self) -> str:
-        return self._endpoint.url
-
-    @property
-    def model_name(self) -> str:
-        return self._model_name
-
-    @property
-    def model_version(self) -> str | None:
-        return self._model_version
 
     @property
     def model_config(self) -> Awaitable[TritonModelConfig]:

@@ -119,7 +119,7 @@ class _Transport:
         self.client.close()
 
 
-class ModelClient:
+class ModelClient(_protocol.ModelAddress):
     """Synchronous client of one model on a Triton server.
 
     The first call that needs the model waits for the server and the model to be ready (at most
@@ -197,18 +197,6 @@ class ModelClient:
                 return
             self._closed = True
             self._transport.close()
-
-    @property
-    def url(self) -> str:
-        return self._endpoint.url
-
-    @property
-    def model_name(self) -> str:
-        return self._model_name
-
-    @property
-    def model_version(self) -> str | None:
-        return self._model_version
 
     @property
     def model_config(self) -> TritonModelConfig:
@@ -472,7 +460,7 @@ class DecoupledModelClient(ModelClient):
             client.close()
 
 
-class FuturesModelClient:
+class FuturesModelClient(_protocol.ModelAddress):
     """Runs requests on a thread pool and returns `concurrent.futures.Future` objects.
 
     Each worker thread has its own ModelClient (tritonclient connections are not shared between threads);
@@ -518,18 +506,6 @@ class FuturesModelClient:
 
     def __enter__(self) -> FuturesModelClient:
         return self
-
-    @property
-    def url(self) -> str:
-        return self._endpoint.url
-
-    @property
-    def model_name(self) -> str:
-        return self._model_name
-
-    @property
-    def model_version(self) -> str | None:
-        return self._model_version
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
