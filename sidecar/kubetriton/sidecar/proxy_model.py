@@ -39,6 +39,8 @@ from kubetriton.transport import (
 
 CANCEL_CHECK_S = 0.1
 """How often a running stream asks Triton whether its clients cancelled it."""
+WORKER_CHECK_MS = 20
+"""How often a request waiting for its reply checks that the worker is still connected."""
 
 
 class WorkerUnavailableError(RuntimeError):
@@ -67,11 +69,9 @@ class TritonPythonModel:
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.IMMEDIATE, 1)
+        self._socket.setsockopt(zmq.RCVTIMEO, WORKER_CHECK_MS)
         self._socket.connect(parameters[PARAM_ADDRESS].format(instance=instance))
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        self._poller = zmq.Poller()
-        self._poller.register(self._socket, zmq.POLLIN)
-        self._poller.register(self._monitor, zmq.POLLIN)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         if self._decoupled:
@@ -116,7 +116,11 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))), flags=final)
 
     def _send(self, requests: list[Any]) -> int:
-        """Encode the batch and send it; large inputs are copied into the request arena."""
+        """Encode the batch and send it; large inputs are copied into the request arena.
+
+        Connection events that came while idle are applied first: blocks must not be allocated in an
+        arena that a worker's departure is about to reset."""
+        self._worker_left()
         frames: list[Any] = []
         allocated: list[int] = []
         entries = []
@@ -158,34 +162,34 @@ class TritonPythonModel:
         return self._next_id
 
     def _receive(self, message_id: int) -> tuple[dict[str, Any], list[bytes]]:
-        """Wait for the worker's reply to `message_id`, failing as soon as the worker disconnects."""
+        """Wait for the worker's reply to `message_id`; fail once the worker disconnected and no reply
+        is left to read. A blocking receive with a timeout costs less per request than a poller."""
+        worker_left = False
         while True:
-            ready = dict(self._poller.poll())
-            if self._socket in ready:
-                frames = self._socket.recv_multipart()
-                header = decode_header(frames[0])
-                for offset in header.get("released", ()):
-                    self._requests_arena.free(offset)
-                if header.get("id") == message_id:
-                    return header, frames[1:]
-            elif self._monitor in ready and not self._still_connected():
-                raise WorkerUnavailableError(
-                    f"The worker of model '{self._model}' went away while the request was in flight"
-                )
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK if worker_left else 0)
+            except zmq.Again:
+                if worker_left:
+                    raise WorkerUnavailableError(
+                        f"The worker of model '{self._model}' went away while the request was in flight"
+                    ) from None
+                worker_left = self._worker_left()
+                continue
+            header = decode_header(frames[0])
+            for offset in header.get("released", ()):
+                self._requests_arena.free(offset)
+            if header.get("id") == message_id:
+                return header, frames[1:]
 
-    def _still_connected(self) -> bool:
-        """Consume pending connection events; False when the last one says the worker disconnected.
-
-        A disconnect followed by a connect is a worker that restarted before this request was sent,
-        so the request went to the new worker and its reply is still to come.
-        """
-        connected = True
-        while self._monitor.poll(0):
-            event = zmq.utils.monitor.recv_monitor_message(self._monitor)["event"]
-            if event == zmq.EVENT_DISCONNECTED:
+    def _worker_left(self) -> bool:
+        """Apply pending connection events; True when the worker disconnected since the last call (it may
+        have come back since: a restarted worker gets the next request, never the one in flight)."""
+        left = False
+        while self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
+            if zmq.utils.monitor.recv_monitor_message(self._monitor)["event"] == zmq.EVENT_DISCONNECTED:
                 self._forget_worker()
-            connected = event == zmq.EVENT_CONNECTED
-        return connected
+                left = True
+        return left
 
     def _forget_worker(self) -> None:
         """A worker that went away released every block it held, and took its response arena state along."""
