@@ -13,6 +13,7 @@ test: env
 
 bench: env
 	.venv/bin/python bench/data_path.py
+	.venv/bin/python bench/zmq_floor.py
 
 lint: env
 	.venv/bin/python -m ruff check .

@@ -15,6 +15,7 @@ It prints every figure and the ratio kubetriton / limit (for latency, lower is b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import multiprocessing
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -169,13 +170,13 @@ def concurrent_throughput(model: str, seconds: float, clients: int = 16) -> floa
     return rate
 
 
-def measure_limit(quick: bool) -> dict[str, float]:
+@contextlib.contextmanager
+def plain_triton(models: dict[str, tuple[str, str]]) -> Iterator[None]:
+    """A tritonserver on the benchmark ports serving plain Python-backend models, given as
+    {name: (model.py, config.pbtxt)}."""
     with tempfile.TemporaryDirectory(prefix="kubetriton-bench-") as workspace:
         repository = Path(workspace) / "models"
-        for name, source, config in (
-            ("native_double", NATIVE_DOUBLE, native_config("native_double", "x", "y", "TYPE_FP32")),
-            ("native_echo", NATIVE_ECHO, native_config("native_echo", "text", "out", "TYPE_STRING")),
-        ):
+        for name, (source, config) in models.items():
             (repository / name / "1").mkdir(parents=True)
             (repository / name / "1" / "model.py").write_text(source)
             (repository / name / "config.pbtxt").write_text(config)
@@ -196,12 +197,21 @@ def measure_limit(quick: bool) -> dict[str, float]:
         server.start()
         try:
             control = httpclient.InferenceServerClient(f"localhost:{HTTP}")
-            for name in ("native_double", "native_echo"):
+            for name in models:
                 control.load_model(name, headers={REPOSITORY_TOKEN_HEADER: token})
             control.close()
-            return run_workloads({"double": "native_double", "echo": "native_echo"}, quick)
+            yield
         finally:
             server.stop()
+
+
+def measure_limit(quick: bool) -> dict[str, float]:
+    models = {
+        "native_double": (NATIVE_DOUBLE, native_config("native_double", "x", "y", "TYPE_FP32")),
+        "native_echo": (NATIVE_ECHO, native_config("native_echo", "text", "out", "TYPE_STRING")),
+    }
+    with plain_triton(models):
+        return run_workloads({"double": "native_double", "echo": "native_echo"}, quick)
 
 
 def measure_kubetriton(quick: bool) -> dict[str, float]:
