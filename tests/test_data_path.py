@@ -8,13 +8,17 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from kubetriton.server import remove_abandoned_shared_memory
+from kubetriton.server import claim, remove_abandoned
 from pytriton.exceptions import PyTritonRuntimeError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
@@ -216,19 +220,66 @@ def test_inputs_kept_by_the_callable_stay_intact(server):
     assert not RETAINED[0].flags.writeable
 
 
-def test_shared_memory_of_killed_servers_is_removed_and_nothing_else(tmp_path):
-    exited = subprocess.Popen(["true"])
-    exited.wait()
-    abandoned = tmp_path / f"kubetriton-{exited.pid}-0a1b2c3d"
-    (abandoned / "arenas").mkdir(parents=True)
-    abandoned_region = tmp_path / f"kubetriton-{exited.pid}-0a1b2c3d_model_ref"
-    abandoned_region.write_bytes(b"x")
-    live = tmp_path / f"kubetriton-{os.getpid()}-0a1b2c3d"
-    live.mkdir()
-    foreign = tmp_path / "kubetriton-someone-else"
-    foreign.mkdir()
-    remove_abandoned_shared_memory(tmp_path)
-    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([live.name, foreign.name])
+def test_what_killed_servers_left_is_removed_and_nothing_else(tmp_path):
+    region = "0d19aa2b-47b9-4bdd-a5e2-1e28e88a419b"
+    abandoned = tmp_path / "kubetriton-1-0a1b2c3d"
+    os.close(claim(abandoned))  # its owner is gone: the lock is free
+    (abandoned / "arenas").mkdir()
+    (tmp_path / f"{abandoned.name}{region}").write_bytes(b"x")
+    live = tmp_path / "kubetriton-2-0a1b2c3d"
+    live_lock = claim(live)
+    (tmp_path / f"{live.name}{region}").write_bytes(b"x")
+    (tmp_path / f"{abandoned.name}-not-a-region").write_bytes(b"x")
+    (tmp_path / "kubetriton-without-a-lock").mkdir()
+    try:
+        with pytest.raises(PyTritonRuntimeError, match="belongs to a running server"):
+            claim(live)
+        remove_abandoned(tmp_path)
+        assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+            [live.name, f"{live.name}{region}", f"{abandoned.name}-not-a-region", "kubetriton-without-a-lock"]
+        )
+    finally:
+        os.close(live_lock)
+
+
+KILLED_SERVER = """
+import sys
+
+import numpy as np
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig
+
+http, grpc, metrics = map(int, sys.argv[1:])
+triton = Triton(config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics))
+tensors = [Tensor(name="x", shape=(1,), dtype=np.float32)], [Tensor(name="y", shape=(1,), dtype=np.float32)]
+triton.bind("m", lambda requests: requests, *tensors, config=ModelConfig(max_batch_size=2))
+triton.run()
+print("serving", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_killed_local_server_leaves_nothing_after_the_next_start(tmp_path):
+    script = tmp_path / "serve.py"
+    script.write_text(KILLED_SERVER)
+    shm_before, workspaces_before = shm_entries(), set(Path(tempfile.gettempdir()).glob("kubetriton-*"))
+    process = subprocess.Popen(
+        [sys.executable, str(script), *map(str, free_ports(3))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout.readline().strip() == "serving"
+    (workspace,) = set(Path(tempfile.gettempdir()).glob("kubetriton-*")) - workspaces_before
+    left_in_shm = shm_entries() - shm_before
+    assert workspace.is_dir() and left_in_shm
+    process.kill()
+    process.wait()
+    time.sleep(1)  # tritonserver follows its parent (PR_SET_PDEATHSIG)
+    assert workspace.is_dir() and shm_entries() & left_in_shm  # SIGKILL: nothing was cleaned up
+    Triton().stop()  # the next server on the machine sweeps what nobody holds any more
+    assert not workspace.exists()
+    assert not shm_entries() & left_in_shm
 
 
 def test_a_port_in_use_is_refused_before_tritonserver_starts():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
+import glob
 import os
 import re
 import shutil
@@ -27,33 +29,49 @@ from kubetriton.podenv import tritonserver_args
 from kubetriton.triton_home import TritonHome
 
 LIVENESS_POLL_S = 0.05
-OWNED_SHM_NAME = re.compile(r"kubetriton-(?P<pid>\d+)-[0-9a-f]{8}")
-"""A local server's shared memory: `kubetriton-<pid of its Python process>-<random>`, then suffixes."""
+OWNER_LOCK = ".owner.lock"
+TRITON_REGION_SUFFIX = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""What Triton's Python backend appends to the shared-memory prefix for each region it creates."""
 
 
-def _process_exists(pid: int) -> bool:
+def claim(directory: Path) -> int:
+    """Create `directory` and hold its owner lock for as long as the returned descriptor stays open.
+
+    A lock, not a PID in the name: it is released by the kernel however the owner ends, and it works
+    across PID namespaces (containers sharing a volume) as well."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / OWNER_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise PyTritonRuntimeError(f"{directory} belongs to a running server; choose another id") from None
+    return fd
 
 
-def remove_abandoned_shared_memory(shm_dir: Path) -> None:
-    """Remove what local servers of killed processes left in shared memory (SIGKILL allows no clean-up).
-
-    Only names of the local-server form whose owning process no longer exists are touched.
-    """
-    for entry in shm_dir.glob("kubetriton-*"):
-        owner = OWNED_SHM_NAME.match(entry.name)
-        if owner is None or _process_exists(int(owner["pid"])):
-            continue
-        if entry.is_dir():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
+def remove_owned(directory: Path) -> None:
+    """A claimed directory, and the shared-memory regions Triton created under its name as prefix."""
+    shutil.rmtree(directory, ignore_errors=True)
+    for entry in directory.parent.glob(glob.escape(directory.name) + "*"):
+        if TRITON_REGION_SUFFIX.fullmatch(entry.name[len(directory.name) :]):
             entry.unlink(missing_ok=True)
+
+
+def remove_abandoned(parent: Path) -> None:
+    """Remove what local servers of killed processes left in `parent` (SIGKILL allows no clean-up):
+    every `kubetriton-*` directory whose owner lock nobody holds, with its regions."""
+    for lock in parent.glob(f"kubetriton-*/{OWNER_LOCK}"):
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            remove_owned(lock.parent)
+        except BlockingIOError:
+            continue
+        finally:
+            os.close(fd)
 
 
 def _die_with_parent() -> None:
@@ -118,10 +136,11 @@ class LocalTritonServer:
             *extra_args,
         ]
         self._process: subprocess.Popen[bytes] | None = None
+        self._shm_lock: int | None = None
 
     def start(self, timeout_s: float = 60.0) -> None:
         self._check_ports_free()
-        remove_abandoned_shared_memory(Path(self._shm_prefix).parent)
+        self._shm_lock = claim(Path(self._shm_prefix))
         with self._log_path.open("ab") as log:
             self._process = subprocess.Popen(
                 [str(self._home.executable), *self._args],
@@ -172,9 +191,7 @@ class LocalTritonServer:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        shm = Path(self._shm_prefix)
-        for leftover in shm.parent.glob(shm.name + "*"):
-            if leftover.is_dir():
-                shutil.rmtree(leftover, ignore_errors=True)
-            else:
-                leftover.unlink(missing_ok=True)
+        if self._shm_lock is not None:
+            remove_owned(Path(self._shm_prefix))
+            os.close(self._shm_lock)
+            self._shm_lock = None

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import signal
 import tempfile
 import threading
@@ -29,7 +28,7 @@ from typing import Any
 from kubetriton import podenv
 from kubetriton.health import HealthServer
 from kubetriton.model_repository import ModelSpec, check_model_name, name_tensors, write_model
-from kubetriton.server import LocalTritonServer, wait_until_live
+from kubetriton.server import LocalTritonServer, claim, remove_abandoned, remove_owned, wait_until_live
 from kubetriton.triton_home import locate
 from kubetriton.worker import ModelWorker, TransportSettings
 
@@ -155,11 +154,14 @@ class Triton:
         self._config = (config or TritonConfig()).merged_over(TritonConfig.from_env())
         self._attach = podenv.AttachSettings.from_environ()
         self._debug = (self._config.log_verbose or 0) > 0 or os.environ.get("KUBETRITON_DEBUG") == "1"
-        self._own_workspace = workspace is None and self._attach is None
+        self._workspace_lock: int | None = None
         if self._attach is not None:
             self._workspace = Path(self._attach.workspace)
         elif workspace is None:
+            for parent in (tempfile.gettempdir(), podenv.SHM_MOUNT):
+                remove_abandoned(Path(parent))
             self._workspace = Path(tempfile.mkdtemp(prefix="kubetriton-"))
+            self._workspace_lock = claim(self._workspace)
         else:
             self._workspace = Path(workspace)
         self._server: LocalTritonServer | None = None
@@ -284,8 +286,10 @@ class Triton:
             worker.stop()
         if self._health is not None:
             self._health.stop()
-        if self._own_workspace:
-            shutil.rmtree(self._workspace, ignore_errors=True)
+        if self._workspace_lock is not None:
+            remove_owned(self._workspace)
+            os.close(self._workspace_lock)
+            self._workspace_lock = None
 
     def _drain(self) -> None:
         """Attach mode: wait until no request has been in flight for a moment, within the drain budget."""
@@ -326,7 +330,7 @@ class Triton:
 
     def _start_local(self) -> None:
         server_id = self._config.id or f"{os.getpid()}-{secrets.token_hex(4)}"
-        shm_prefix = f"/dev/shm/kubetriton-{server_id}"
+        shm_prefix = f"{podenv.SHM_MOUNT}/kubetriton-{server_id}"
         arena_bytes = int(os.environ.get(podenv.ENV_ARENA_BYTES, podenv.DEFAULT_ARENA_BYTES))
         if self._config.model_repository is not None:
             self._model_repository = Path(self._config.model_repository)
