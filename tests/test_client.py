@@ -607,4 +607,6 @@ def test_futures_client_names_its_model_and_server() -> None:
 
 
 def test_a_triton_not_started_is_not_alive() -> None:
-    assert Triton().is_alive() is False
+    triton = Triton()
+    assert triton.is_alive() is False
+    triton.stop()
