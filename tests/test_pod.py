@@ -9,7 +9,8 @@ command and args with the pod's env; volume mounts become temporary directories:
 - `worker` runs a user script written against the PyTriton API, unchanged from local mode.
 
 The test checks the probes, queries over HTTP and gRPC, kills and restarts the worker (Triton keeps
-running), and drains on SIGTERM under load with no failed requests.
+running), kills and restarts Triton (the worker loads its models again), and drains on SIGTERM under
+load with no failed requests.
 """
 
 from __future__ import annotations
@@ -160,7 +161,11 @@ class Pod:
             command[0] = str(Path(sys.executable).parent / command[0])
         log = (self.tmp_path / f"{name}.log").open("ab")
         process = subprocess.Popen(
-            command, env=self.environment(name, **extra_env), stdout=log, stderr=subprocess.STDOUT
+            command,
+            env=self.environment(name, **extra_env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a process group per container, as a container's processes die together
         )
         self.processes[name] = process
         return process
@@ -267,7 +272,6 @@ def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path
     tensor.set_data_from_numpy(np.array([[2.5]], np.float32))
     for _ in range(3):  # the sidecar's response cache answers the repeats
         assert cached.infer("Cached", [tensor]).as_numpy("y").tolist() == [[2.5]]
-    cached.close()
     status, metrics = probe("/metrics")
     assert status == 200 and 'kubetriton_requests_total{model="Identity"} 2.0' in metrics
     assert 'kubetriton_requests_total{model="Cached"} 1.0' in metrics
@@ -287,7 +291,6 @@ def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path
     assert identity("grpc", 7.0).tolist() == [[7.0]]
     assert sidecar.poll() is None, "Triton must not restart when the worker does"
 
-    # Drain: the Service stops routing (preStop), SIGTERM arrives, in-flight requests all complete.
     def slow_answers() -> bool:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{podenv.HTTP_PORT}")
         tensor = httpclient.InferInput("x", [1, 1], "FP32")
@@ -300,6 +303,32 @@ def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path
             client.close()
 
     wait_for(slow_answers, 30, "the second model to be bound again")
+    wait_for(lambda: cached.is_model_ready("Cached"), 30, "the worker to bind all its models again")
+
+    # Killing Triton: the worker stays up and loads its models into the restarted sidecar, which first
+    # removes the shared memory that the killed one could not.
+    def sidecar_regions() -> set[Path]:
+        return set(Path(podenv.SHM_MOUNT).glob(f"{podenv.SIDECAR_SHM_PREFIX}*"))
+
+    killed_regions = sidecar_regions()
+    assert killed_regions, "the sidecar's Python backend must name its regions with the pod's prefix"
+    os.killpg(sidecar.pid, signal.SIGKILL)
+    sidecar.wait()
+    assert all(region.exists() for region in killed_regions)
+    wait_for(lambda: probe("/readyz")[0] != 200, 10, "readiness to drop with Triton gone")
+    assert probe("/livez")[0] == 200, "the worker must outlive a Triton crash"
+    sidecar = pod.start("triton", PATH=f"{shim_dir}:/usr/bin:/bin")
+    wait_for(sidecar_live, 60, "the restarted sidecar")
+    assert not killed_regions & sidecar_regions(), "the killed sidecar's regions must be removed"
+    wait_for(lambda: probe("/readyz")[0] == 200, 60, "readiness after Triton restarted")
+    for protocol in ("http", "grpc"):
+        assert identity(protocol, 3.5).tolist() == [[3.5]]
+    wait_for(slow_answers, 30, "the second model to be loaded again")
+    wait_for(lambda: cached.is_model_ready("Cached"), 30, "the third model to be loaded again")
+    cached.close()
+    assert "loading it" in pod.log("worker")
+
+    # Drain: the Service stops routing (preStop), SIGTERM arrives, in-flight requests all complete.
     results: list[str] = []
     routing = threading.Event()
     routing.set()

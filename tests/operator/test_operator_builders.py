@@ -213,7 +213,12 @@ def test_triton_command_passes_the_token_from_the_workspace_file(tmp_path: Path,
     expected = podenv.tritonserver_args(
         model_repository="/workspace/models", repository_token=token, exit_timeout_s=45
     )
-    expected += [f"--cache-config={podenv.DEFAULT_CACHE_CONFIG}", "--log-info=true", "--id=a b"]
+    expected += [
+        f"--backend-config=python,shm-region-prefix-name={podenv.SIDECAR_SHM_PREFIX}",
+        f"--cache-config={podenv.DEFAULT_CACHE_CONFIG}",
+        "--log-info=true",
+        "--id=a b",
+    ]
     assert printed.stdout.splitlines() == expected
 
 

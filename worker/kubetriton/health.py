@@ -9,8 +9,6 @@ the instance threads and read only when Prometheus scrapes, so the data path pay
 from __future__ import annotations
 
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -18,15 +16,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kubetriton.server import http_ok
 from kubetriton.worker import ModelWorker
-
-
-def model_ready_in_triton(http_url: str, model: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{http_url}/v2/models/{model}/ready", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
 
 
 class WorkerCollector(Collector):
@@ -126,7 +117,7 @@ class HealthServer:
             worker = workers.get(model)
             if worker is None:
                 problems.append(f"{model}: not bound yet")
-            elif not model_ready_in_triton(self._triton, model):
+            elif not http_ok(f"{self._triton}/v2/models/{model}/ready"):
                 problems.append(f"{model}: not loaded in Triton")
             elif not worker.attached:
                 problems.append(f"{model}: proxy instances not attached")

@@ -22,6 +22,9 @@ HEALTH_PORT = 8080
 WORKSPACE_MOUNT = "/workspace"
 """The shared emptyDir: model repository, sockets and the bootstrapped runtime for the proxy."""
 SHM_MOUNT = "/dev/shm"
+SIDECAR_SHM_PREFIX = "kubetriton-sidecar-"
+"""The name prefix of the sidecar's Python-backend regions in the pod's /dev/shm. A killed Triton cannot
+remove its regions, so the sidecar removes its predecessor's when it starts."""
 RUNTIME_SUBDIR = "runtime"
 """Below the workspace: what `kubetriton bootstrap` installs for the proxy (pyzmq, kubetriton)."""
 MODELS_SUBDIR = "models"

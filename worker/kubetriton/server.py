@@ -80,17 +80,22 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether a GET of `url` answers 200: Triton's health and readiness endpoints."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
 def wait_until_live(http_url: str, timeout_s: float, is_running: callable = lambda: True) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not is_running():
             raise PyTritonRuntimeError("tritonserver exited during start-up")
-        try:
-            with urllib.request.urlopen(f"{http_url}/v2/health/live", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
+        if http_ok(f"{http_url}/v2/health/live", timeout_s=1):
+            return
         time.sleep(LIVENESS_POLL_S)
     raise PyTritonRuntimeError(f"Triton at {http_url} did not become live within {timeout_s:.0f} s")
 

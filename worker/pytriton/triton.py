@@ -28,7 +28,14 @@ from typing import Any
 from kubetriton import podenv
 from kubetriton.health import HealthServer
 from kubetriton.model_repository import ModelSpec, check_model_name, name_tensors, write_model
-from kubetriton.server import LocalTritonServer, claim, remove_abandoned, remove_owned, wait_until_live
+from kubetriton.server import (
+    LocalTritonServer,
+    claim,
+    http_ok,
+    remove_abandoned,
+    remove_owned,
+    wait_until_live,
+)
 from kubetriton.triton_home import locate
 from kubetriton.worker import ModelWorker, TransportSettings
 
@@ -46,6 +53,10 @@ ENV_CONFIG_PREFIX = "PYTRITON_TRITON_CONFIG_"
 SIDECAR_WAIT_S = 600.0
 MODEL_LOAD_TIMEOUT_S = 300.0
 DRAIN_QUIET_S = 0.5
+RELOAD_CHECK_S = 2.0
+"""Attach mode: how often the worker checks that Triton still has its models loaded."""
+RELOAD_PAUSE_MAX_S = 60.0
+RELOAD_BACKOFF_STEPS = 5
 DEFAULT_CACHE_CONFIG = [podenv.DEFAULT_CACHE_CONFIG]
 """Local mode enables Triton's response cache (16 MiB) unless `cache_config` says otherwise; only models
 bound with `ModelConfig(response_cache=True)` use it."""
@@ -262,14 +273,7 @@ class Triton:
             raise SystemExit(f"Serving stopped after an unrecoverable error: {self._fatal}")
 
     def is_alive(self) -> bool:
-        if not self._http_url:
-            return False
-        with (
-            contextlib.suppress(OSError, urllib.error.URLError),
-            urllib.request.urlopen(f"{self._http_url}/v2/health/live", timeout=1) as response,
-        ):
-            return response.status == 200
-        return False
+        return bool(self._http_url) and http_ok(f"{self._http_url}/v2/health/live", timeout_s=1)
 
     def stop(self) -> None:
         """Drain in-flight requests, stop Triton (local mode) and the workers, and free shared memory."""
@@ -278,6 +282,7 @@ class Triton:
                 return
             self._stopped = True
             self._draining = True
+        self._stop_requested.set()
         if self._server is not None:
             self._server.stop()
         else:
@@ -386,6 +391,34 @@ class Triton:
         sockets.mkdir(parents=True, exist_ok=True)
         arena_bytes = int(os.environ.get(podenv.ENV_ARENA_BYTES, podenv.DEFAULT_ARENA_BYTES))
         self._transport = TransportSettings(sockets, Path(settings.shm_dir) / "kubetriton", arena_bytes)
+        threading.Thread(target=self._keep_models_loaded, name="kubetriton-model-keeper", daemon=True).start()
+
+    def _keep_models_loaded(self) -> None:
+        """Attach mode: load the bound models again when the sidecar restarted and came back without them.
+
+        Triton loads models only when asked (explicit model control), so after its container restarts
+        it serves none of them until the worker asks again. The check runs while Triton is live (it stops
+        answering as soon as it shuts down); failed loads are retried with a growing pause."""
+        failures = 0
+        while not self._stop_requested.wait(min(RELOAD_CHECK_S * 2**failures, RELOAD_PAUSE_MAX_S)):
+            if self._draining or not self.is_alive():
+                continue
+            unloaded = [
+                name
+                for name in list(self._workers)
+                if not http_ok(f"{self._http_url}/v2/models/{name}/ready")
+            ]
+            failed = False
+            for name in unloaded:
+                LOGGER.warning(
+                    "Model '%s' is not loaded in Triton (did the sidecar restart?); loading it", name
+                )
+                try:
+                    self._repository_call(f"/v2/repository/models/{name}/load")
+                except (PyTritonModelConfigError, OSError) as error:
+                    failed = True
+                    LOGGER.error("Loading model '%s' again failed: %s", name, error)
+            failures = min(failures + 1, RELOAD_BACKOFF_STEPS) if failed else 0
 
     def _load(self, spec: ModelSpec, funcs: list[Callable[..., Any]]) -> None:
         assert self._transport is not None

@@ -47,18 +47,25 @@ def _quote_with_token(argument: str) -> str:
 
 
 def triton_command(spec: PyTritonModelSpec) -> list[str]:
-    """`/bin/sh -c` that reads the repository token from the workspace, then execs tritonserver."""
+    """`/bin/sh -c` that reads the repository token from the workspace, removes the shared memory a
+    killed predecessor left in the pod's /dev/shm, then execs tritonserver."""
     workspace = podenv.WORKSPACE_MOUNT
     arguments = podenv.tritonserver_args(
         model_repository=f"{workspace}/{podenv.MODELS_SUBDIR}",
         repository_token=_TOKEN_PLACEHOLDER,
         exit_timeout_s=spec.drain_seconds,
     )
+    arguments.append(f"--backend-config=python,shm-region-prefix-name={podenv.SIDECAR_SHM_PREFIX}")
     if not any(argument.startswith("--cache-config") for argument in spec.triton.args):
         arguments.append(f"--cache-config={podenv.DEFAULT_CACHE_CONFIG}")
     token_file = shlex.quote(f"{workspace}/{podenv.REPOSITORY_TOKEN_FILE}")
+    stale_regions = shlex.quote(f"{podenv.SHM_MOUNT}/{podenv.SIDECAR_SHM_PREFIX}") + "*"
     line = " ".join(_quote_with_token(argument) for argument in [*arguments, *spec.triton.args])
-    return ["/bin/sh", "-c", f'{_TOKEN_VARIABLE}="$(cat {token_file})" && exec tritonserver {line}']
+    return [
+        "/bin/sh",
+        "-c",
+        f'{_TOKEN_VARIABLE}="$(cat {token_file})" && rm -f {stale_regions} && exec tritonserver {line}',
+    ]
 
 
 def _bootstrap_container(spec: PyTritonModelSpec) -> dict[str, Any]:
