@@ -12,6 +12,7 @@ import json
 import os
 import queue
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -26,7 +27,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from pytriton.decorators import batch, triton_context
-from pytriton.exceptions import PyTritonModelConfigError
+from pytriton.exceptions import PyTritonModelConfigError, PyTritonRuntimeError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tritonclient.utils import InferenceServerException
@@ -569,4 +570,27 @@ def test_unrecoverable_error_stops_serving_and_exits_non_zero(tmp_path):
     assert stopped_after < 15
     assert "unrecoverable error: the device is gone" in stderr
     assert not [pid for pid in tritonserver if Path(f"/proc/{pid}").exists()], "tritonserver left running"
+    assert not [name for name in shm_entries() if name.startswith(f"kubetriton-{server_id}")]
+
+
+def test_bind_after_tritonserver_died_says_so_and_stops_cleanly():
+    http, grpc, metrics = free_ports(3)
+    server_id = f"gone-{secrets.token_hex(4)}"
+    triton = Triton(config=TritonConfig(id=server_id, http_port=http, grpc_port=grpc, metrics_port=metrics))
+    tensor = [Tensor(name="x", shape=(1,), dtype=np.float32)]
+    try:
+        triton.run()
+        (tritonserver,) = [
+            pid
+            for pid in _children(os.getpid())
+            if f"--http-port={http}".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        os.kill(tritonserver, signal.SIGKILL)
+        with pytest.raises(
+            PyTritonRuntimeError, match=f"Triton at http://.*:{http} did not answer .*/late/load"
+        ):
+            triton.bind("late", lambda requests: requests, tensor, tensor)
+        assert not triton.is_alive()
+    finally:
+        triton.stop()
     assert not [name for name in shm_entries() if name.startswith(f"kubetriton-{server_id}")]

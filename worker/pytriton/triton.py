@@ -415,7 +415,7 @@ class Triton:
                 )
                 try:
                     self._repository_call(f"/v2/repository/models/{name}/load")
-                except (PyTritonModelConfigError, OSError) as error:
+                except (PyTritonModelConfigError, PyTritonRuntimeError) as error:
                     failed = True
                     LOGGER.error("Loading model '%s' again failed: %s", name, error)
             failures = min(failures + 1, RELOAD_BACKOFF_STEPS) if failed else 0
@@ -452,6 +452,11 @@ class Triton:
             with contextlib.suppress(ValueError):
                 detail = json.loads(detail).get("error", detail)
             raise PyTritonModelConfigError(f"Triton refused {path}: {detail}{self._load_log(path)}") from None
+        except OSError as error:  # connection refused or reset, timeout
+            reason = getattr(error, "reason", error)
+            raise PyTritonRuntimeError(
+                f"Triton at {self._http_url} did not answer {path}: {reason}"
+            ) from None
 
     def _load_log(self, path: str) -> str:
         """Local mode: the Triton log lines about the model, which say why a load failed."""
