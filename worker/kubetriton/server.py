@@ -19,7 +19,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -85,7 +84,7 @@ def http_ok(url: str, timeout_s: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return response.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
+    except OSError:  # refused, reset, timed out, or an HTTP error status
         return False
 
 

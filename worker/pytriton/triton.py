@@ -56,7 +56,7 @@ DRAIN_QUIET_S = 0.5
 RELOAD_CHECK_S = 2.0
 """Attach mode: how often the worker checks that Triton still has its models loaded."""
 RELOAD_PAUSE_MAX_S = 60.0
-RELOAD_BACKOFF_STEPS = 5
+"""The longest pause between tries while loading a model again keeps failing."""
 DEFAULT_CACHE_CONFIG = [podenv.DEFAULT_CACHE_CONFIG]
 """Local mode enables Triton's response cache (16 MiB) unless `cache_config` says otherwise; only models
 bound with `ModelConfig(response_cache=True)` use it."""
@@ -282,7 +282,7 @@ class Triton:
                 return
             self._stopped = True
             self._draining = True
-        self._stop_requested.set()
+            self._stop_requested.set()
         if self._server is not None:
             self._server.stop()
         else:
@@ -399,9 +399,9 @@ class Triton:
         Triton loads models only when asked (explicit model control), so after its container restarts
         it serves none of them until the worker asks again. The check runs while Triton is live (it stops
         answering as soon as it shuts down); failed loads are retried with a growing pause."""
-        failures = 0
-        while not self._stop_requested.wait(min(RELOAD_CHECK_S * 2**failures, RELOAD_PAUSE_MAX_S)):
-            if self._draining or not self.is_alive():
+        pause = RELOAD_CHECK_S
+        while not self._stop_requested.wait(pause):
+            if not self.is_alive():
                 continue
             unloaded = [
                 name
@@ -418,7 +418,7 @@ class Triton:
                 except (PyTritonModelConfigError, PyTritonRuntimeError) as error:
                     failed = True
                     LOGGER.error("Loading model '%s' again failed: %s", name, error)
-            failures = min(failures + 1, RELOAD_BACKOFF_STEPS) if failed else 0
+            pause = min(pause * 2, RELOAD_PAUSE_MAX_S) if failed else RELOAD_CHECK_S
 
     def _load(self, spec: ModelSpec, funcs: list[Callable[..., Any]]) -> None:
         assert self._transport is not None
