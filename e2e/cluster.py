@@ -233,9 +233,10 @@ class Cluster:
         return self.core.read_namespaced_pod(name, namespace).status.phase
 
     def pod_log(self, name: str, namespace: str) -> str:
-        """The pod's log; empty while its container has not started (the API answers 400 then)."""
+        """The pod's log; empty while its container has not started (the API answers 400 then) or has
+        written nothing yet (the client returns None then)."""
         try:
-            return self.core.read_namespaced_pod_log(name, namespace)
+            return self.core.read_namespaced_pod_log(name, namespace) or ""
         except ApiException as error:
             if error.status == 400:
                 return ""
