@@ -9,13 +9,16 @@ command and args with the pod's env; volume mounts become temporary directories:
 - `worker` runs a user script written against the PyTriton API, unchanged from local mode.
 
 The test checks the probes, queries over HTTP and gRPC, kills and restarts the worker (Triton keeps
-running), kills and restarts Triton (the worker loads its models again), and drains on SIGTERM under
-load with no failed requests.
+running), kills and restarts Triton (the worker loads its models again), and stops the pod under load the
+way Kubernetes does: a stand-in for the Service sends new connections to another server from the moment
+the pod stops, clients keep the connections they have across SIGTERM, and no request of theirs fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import shutil
 import signal
 import socket
@@ -25,8 +28,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,7 +40,10 @@ import yaml
 import zmq
 from kubetriton import podenv
 from kubetriton.triton_home import locate
+from pytriton.client import DecoupledModelClient, ModelClient
 from tritonclient.utils import InferenceServerException
+
+from tests.conftest import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".venv" / "pod-test"
@@ -56,6 +63,12 @@ def slow(requests):
     return [{"y": request["x"]} for request in requests]
 
 
+def stream(requests):
+    for step in range(3):
+        time.sleep(0.1)
+        yield [{"y": request["x"] + step} for request in requests]
+
+
 with Triton() as triton:
     time.sleep(2)  # the user's model loads before it is bound: the pod must not be ready yet
     triton.bind(
@@ -70,8 +83,13 @@ with Triton() as triton:
     triton.bind("Cached", lambda requests: requests, [Tensor(name="x", dtype=np.float32, shape=(1,))],
                 [Tensor(name="y", dtype=np.float32, shape=(1,))],
                 config=ModelConfig(max_batch_size=8, response_cache=True))
+    triton.bind("Stream", stream, [Tensor(name="x", dtype=np.float32, shape=(1,))],
+                [Tensor(name="y", dtype=np.float32, shape=(1,))],
+                config=ModelConfig(batching=False, decoupled=True))
     triton.serve()
 """
+DRAIN_SECONDS = 10
+"""The pod's drain budget here: long enough for gRPC connections to age out, short enough for a test."""
 
 
 def sidecar_environment() -> tuple[Path, Path]:
@@ -120,8 +138,12 @@ class Pod:
     """The rendered pod's containers as processes, with mounts mapped to temporary directories."""
 
     def __init__(self, tmp_path: Path) -> None:
+        model = yaml.safe_load((REPO / "examples/identity/model.yaml").read_text())
+        model["spec"]["drainSeconds"] = DRAIN_SECONDS
+        model_file = tmp_path / "model.yaml"
+        model_file.write_text(yaml.safe_dump(model))
         rendered = subprocess.run(
-            [sys.executable, "-m", "kubetriton.cli", "render", str(REPO / "examples/identity/model.yaml")],
+            [sys.executable, "-m", "kubetriton.cli", "render", str(model_file)],
             check=True,
             capture_output=True,
             text=True,
@@ -182,6 +204,130 @@ class Pod:
                 process.wait(40)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def node_address() -> str:
+    """This machine's address on its default route: connections from it look to the pod's worker like
+    connections from another host (its own, over loopback, do not count as clients)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe_socket:
+        probe_socket.connect(("10.255.255.255", 1))  # a UDP connect sends nothing; it only picks a route
+        return probe_socket.getsockname()[0]
+
+
+class ServicePort:
+    """A stand-in for one port of a Service, as kube-proxy gives it: each new connection goes to the backend
+    of the moment and keeps it (conntrack), so moving the backend affects only the connections that follow.
+    Connections reach the backend from the node's address, as they would from another pod."""
+
+    def __init__(self, backend: int) -> None:
+        self.backend = backend
+        self.bytes_to: dict[int, int] = {}
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._source = node_address()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            backend = self.backend
+            try:
+                upstream = socket.create_connection((self._source, backend), source_address=(self._source, 0))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, backend), daemon=True).start()
+
+    def _pump(self, client: socket.socket, upstream: socket.socket, backend: int) -> None:
+        peers = {client: upstream, upstream: client}
+        try:
+            while True:
+                readable, _, _ = select.select(list(peers), [], [])
+                for sock in readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    peers[sock].sendall(data)
+                    if sock is client:
+                        with self._lock:
+                            self.bytes_to[backend] = self.bytes_to.get(backend, 0) + len(data)
+        except OSError:
+            return
+        finally:
+            for sock in peers:
+                sock.close()
+
+    def sent_to(self, backend: int) -> int:
+        with self._lock:
+            return self.bytes_to.get(backend, 0)
+
+    def close(self) -> None:
+        self._listener.close()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
+class Load:
+    """Clients that query without pause through the Service, each counting its answers and failures."""
+
+    def __init__(self, http_url: str, grpc_url: str) -> None:
+        self.results: dict[str, list[str]] = {}
+        self._running = threading.Event()
+        self._running.set()
+        one = np.ones((1, 1), np.float32)
+
+        def model_client(url: str) -> Callable[[], None]:
+            client = ModelClient(url, "Identity", init_timeout_s=30)
+            return lambda: client.infer_batch(one)
+
+        def plain(module: Any, address: str) -> Callable[[], None]:
+            client = module.InferenceServerClient(address)
+            tensor = module.InferInput("INPUT_1", [1, 1], "FP32")
+            tensor.set_data_from_numpy(one)
+            return lambda: client.infer("Identity", [tensor])
+
+        stream_client = DecoupledModelClient(grpc_url, "Stream", init_timeout_s=30)
+
+        def streamed() -> None:
+            answers = [float(item["y"][0]) for item in stream_client.infer_sample(np.ones(1, np.float32))]
+            assert answers == [1.0, 2.0, 3.0], answers
+
+        calls = {
+            "ModelClient http": model_client(http_url),
+            "ModelClient grpc": model_client(grpc_url),
+            "tritonclient grpc": plain(grpcclient, grpc_url.removeprefix("grpc://")),
+            "tritonclient http keep-alive": plain(httpclient, http_url.removeprefix("http://")),
+            "DecoupledModelClient stream": streamed,
+        }
+        self._threads = [threading.Thread(target=self._loop, args=item) for item in calls.items()]
+        for thread in self._threads:
+            thread.start()
+
+    def _loop(self, name: str, call: Callable[[], None]) -> None:
+        results = self.results.setdefault(name, [])
+        while self._running.is_set():
+            try:
+                call()
+                results.append("ok")
+            except Exception as error:  # every failure counts, whatever its type
+                results.append(f"{type(error).__name__}: {error}")
+
+    def stop(self) -> dict[str, list[str]]:
+        self._running.clear()
+        for thread in self._threads:
+            thread.join(60)
+        return self.results
 
 
 def probe(path: str) -> tuple[int, str]:
@@ -303,7 +449,8 @@ def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path
             client.close()
 
     wait_for(slow_answers, 30, "the second model to be bound again")
-    wait_for(lambda: cached.is_model_ready("Cached"), 30, "the worker to bind all its models again")
+    bound_last = 'kubetriton_attached{model="Stream"} 1.0'
+    wait_for(lambda: bound_last in probe("/metrics")[1], 30, "the worker to bind all its models again")
 
     # Killing Triton: the worker stays up and loads its models into the restarted sidecar, which first
     # removes the shared memory that the killed one could not.
@@ -324,38 +471,69 @@ def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path
     for protocol in ("http", "grpc"):
         assert identity(protocol, 3.5).tolist() == [[3.5]]
     wait_for(slow_answers, 30, "the second model to be loaded again")
-    wait_for(lambda: cached.is_model_ready("Cached"), 30, "the third model to be loaded again")
+    wait_for(lambda: cached.is_model_ready("Stream"), 30, "the last model to be loaded again")
     cached.close()
     assert "loading it" in pod.log("worker")
 
-    # Drain: the Service stops routing (preStop), SIGTERM arrives, in-flight requests all complete.
-    results: list[str] = []
-    routing = threading.Event()
-    routing.set()
+    # Stopping under load. Clients reach the pod through a stand-in for its Service; when the pod stops,
+    # new connections go to another server (a local-mode Triton with the same models), while the clients
+    # keep their connections to this pod across SIGTERM. The worker serves them until they have moved
+    # (gRPC: GOAWAY at the connection's maximum age; ModelClient renews its HTTP connection), then stops
+    # Triton and exits after it. No request may fail.
+    other = free_ports(3)
+    replica = subprocess.Popen(
+        [sys.executable, str(pod.script)],
+        env={
+            **os.environ,
+            "PYTRITON_TRITON_CONFIG_HTTP_PORT": str(other[0]),
+            "PYTRITON_TRITON_CONFIG_GRPC_PORT": str(other[1]),
+            "PYTRITON_TRITON_CONFIG_METRICS_PORT": str(other[2]),
+        },
+        stdout=(tmp_path / "replica.log").open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+    http_service, grpc_service = ServicePort(podenv.HTTP_PORT), ServicePort(podenv.GRPC_PORT)
+    try:
+        replica_http = httpclient.InferenceServerClient(f"127.0.0.1:{other[0]}")
+        wait_for(lambda: _ready(replica_http, "Stream"), 90, "the other replica")
+        load = Load(f"http://127.0.0.1:{http_service.port}", f"grpc://127.0.0.1:{grpc_service.port}")
+        time.sleep(2)
+        http_service.backend, grpc_service.backend = other[0], other[1]  # the pod left the endpoints
+        this_pod = {http_service: podenv.HTTP_PORT, grpc_service: podenv.GRPC_PORT}
+        served_before = {service: service.sent_to(port) for service, port in this_pod.items()}
+        pod.processes["worker"].send_signal(signal.SIGTERM)  # after preStop, as the kubelet does
+        wait_for(lambda: probe("/readyz")[0] != 200, 5, "readiness to drop on SIGTERM")
+        assert pod.processes["worker"].wait(DRAIN_SECONDS + 30) == 0, pod.log("worker")
+        sidecar_stopped = sidecar.poll() is not None
+        time.sleep(1)
+        results = load.stop()
+    finally:
+        http_service.close()
+        grpc_service.close()
+        replica.send_signal(signal.SIGTERM)
+        replica.wait(60)
+    assert all(service.sent_to(port) > served_before[service] for service, port in this_pod.items()), (
+        "the clients must have stayed connected to the stopping pod across SIGTERM"
+    )
+    assert http_service.sent_to(other[0]) and grpc_service.sent_to(other[1]), "no client moved on"
+    for name, outcomes in results.items():
+        failures = [outcome for outcome in outcomes if outcome != "ok"]
+        assert outcomes.count("ok") > 0, f"{name}: nothing answered"
+        if name == "tritonclient http keep-alive":
+            # Triton cannot end an HTTP/1.1 connection between two requests: a client that never renews
+            # its connection loses it when Triton stops, and with it the request it was sending then.
+            assert all("No worker is attached" not in failure for failure in failures), failures
+            assert len(failures) <= 1, failures
+        else:
+            assert not failures, f"{name}: {len(failures)} of {len(outcomes)} failed: {failures[:3]}"
+    assert sidecar_stopped, "the worker must stop Triton before it exits"
+    # Only the plain keep-alive HTTP client never leaves: the worker waits for it up to the drain budget.
+    left = f"1 client connection(s) still open after the {DRAIN_SECONDS:g} s drain budget"
+    assert left in pod.log("worker")
 
-    def client_loop() -> None:
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{podenv.HTTP_PORT}", network_timeout=30)
-        tensor = httpclient.InferInput("x", [1, 1], "FP32")
-        tensor.set_data_from_numpy(np.ones((1, 1), np.float32))
-        try:
-            while routing.is_set():
-                try:
-                    client.infer("Slow", [tensor])
-                    results.append("ok")
-                except InferenceServerException as error:
-                    results.append(str(error))
-        finally:
-            client.close()
 
-    load = [threading.Thread(target=client_loop) for _ in range(4)]
-    for thread in load:
-        thread.start()
-    time.sleep(1.5)
-    routing.clear()
-    pod.processes["worker"].send_signal(signal.SIGTERM)
-    wait_for(lambda: probe("/readyz")[0] != 200, 5, "readiness to drop on SIGTERM")
-    for thread in load:
-        thread.join(30)
-    assert pod.processes["worker"].wait(40) == 0, pod.log("worker")
-    failures = [result for result in results if result != "ok"]
-    assert results and not failures, f"{len(failures)} of {len(results)} requests failed: {failures[:3]}"
+def _ready(client: httpclient.InferenceServerClient, model: str) -> bool:
+    try:
+        return client.is_model_ready(model)
+    except Exception:  # the server is still starting
+        return False

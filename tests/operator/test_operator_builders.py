@@ -6,14 +6,17 @@ import argparse
 import copy
 import os
 import shlex
+import signal
 import stat
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 from kubetriton import podenv
+from kubetriton.drain import request_sidecar_stop
 from kubetriton.operator import children, pod
 from kubetriton.operator.spec import PyTritonModel
 from kubetriton.sidecar import bootstrap as sidecar_bootstrap
@@ -194,32 +197,81 @@ def test_triton_sidecar_is_the_stock_image_without_a_gpu() -> None:
     assert "resources" not in triton
 
 
+def _local_sidecar_script(spec: Any, workspace: Path) -> str:
+    """The sidecar's shell line with the workspace's token file and stop FIFO in a local directory."""
+    script = pod.triton_command(spec)[2]
+    for name in (podenv.REPOSITORY_TOKEN_FILE, podenv.SIDECAR_STOP_FIFO):
+        script = script.replace(f"{podenv.WORKSPACE_MOUNT}/{name}", str(workspace / name))
+    return script
+
+
+def _fake_tritonserver(directory: Path, body: str) -> dict[str, str]:
+    """An environment whose PATH finds a stand-in `tritonserver` shell script with this body."""
+    fake = directory / "bin" / "tritonserver"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\n{body}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+
+
 @pytest.mark.parametrize("token", ["plain", "with space", 'it\'s "quoted" $(rm -rf /) `x` \\ ;&|'])
 def test_triton_command_passes_the_token_from_the_workspace_file(tmp_path: Path, token: str) -> None:
     """Run the sidecar's shell line with a stand-in tritonserver that prints the arguments it got."""
     model = model_with(drainSeconds=45, triton={"args": ["--log-info=true", "--id=a b"]})
-    shell, flag, script = pod.triton_command(model.spec)
+    shell, flag, _ = pod.triton_command(model.spec)
     assert (shell, flag) == ("/bin/sh", "-c")
-    token_file = tmp_path / "repository-token"
-    token_file.write_text(token)
-    fake = tmp_path / "bin" / "tritonserver"
-    fake.parent.mkdir()
-    fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    local_script = script.replace(f"{podenv.WORKSPACE_MOUNT}/{podenv.REPOSITORY_TOKEN_FILE}", str(token_file))
-    assert local_script != script
-    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
-    printed = subprocess.run([shell, flag, local_script], env=env, capture_output=True, text=True, check=True)
+    (tmp_path / podenv.REPOSITORY_TOKEN_FILE).write_text(token)
+    env = _fake_tritonserver(tmp_path, 'for a in "$@"; do printf "%s\\n" "$a"; done')
+    script = _local_sidecar_script(model.spec, tmp_path)
+    printed = subprocess.run([shell, flag, script], env=env, capture_output=True, text=True, check=True)
     expected = podenv.tritonserver_args(
-        model_repository="/workspace/models", repository_token=token, exit_timeout_s=45
+        model_repository="/workspace/models",
+        repository_token=token,
+        exit_timeout_s=podenv.SIDECAR_EXIT_TIMEOUT_S,
     )
     expected += [
         f"--backend-config=python,shm-region-prefix-name={podenv.SIDECAR_SHM_PREFIX}",
+        f"--grpc-max-connection-age={podenv.GRPC_MAX_CONNECTION_AGE_S * 1000}",
+        "--grpc-max-connection-age-grace=45000",
         f"--cache-config={podenv.DEFAULT_CACHE_CONFIG}",
         "--log-info=true",
         "--id=a b",
     ]
     assert printed.stdout.splitlines() == expected
+    assert not (tmp_path / podenv.SIDECAR_STOP_FIFO).exists(), "the stop FIFO outlived the sidecar"
+
+
+def test_grpc_connections_age_within_a_short_drain_budget() -> None:
+    script = pod.triton_command(model_with(drainSeconds=2).spec)[2]
+    assert "--grpc-max-connection-age=2000 " in script
+    assert "--grpc-max-connection-age-grace=2000 " in script
+
+
+@pytest.mark.parametrize("stop", ["fifo", "sigterm"])
+def test_the_sidecar_passes_a_stop_on_to_tritonserver(tmp_path: Path, stop: str) -> None:
+    """A line on the stop FIFO (the draining worker) or SIGTERM (the kubelet) makes the shell send SIGTERM to
+    tritonserver, and the shell exits with tritonserver's status once it has stopped."""
+    (tmp_path / podenv.REPOSITORY_TOKEN_FILE).write_text("t")
+    started, stopped = tmp_path / "started", tmp_path / "stopped"
+    env = _fake_tritonserver(
+        tmp_path,
+        f"trap 'touch {stopped}; exit 7' TERM; touch {started}; while :; do sleep 0.05; done",
+    )
+    sidecar = subprocess.Popen(["/bin/sh", "-c", _local_sidecar_script(model_with().spec, tmp_path)], env=env)
+    try:
+        deadline = time.monotonic() + 10
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "tritonserver did not start"
+        if stop == "fifo":
+            assert request_sidecar_stop(tmp_path / podenv.SIDECAR_STOP_FIFO)
+        else:
+            sidecar.send_signal(signal.SIGTERM)
+        assert sidecar.wait(10) == 7
+    finally:
+        sidecar.kill()
+    assert stopped.exists(), "tritonserver did not get SIGTERM"
+    assert not request_sidecar_stop(tmp_path / podenv.SIDECAR_STOP_FIFO), "nothing listens once it has gone"
 
 
 def test_triton_gets_the_default_response_cache_unless_the_user_configures_one() -> None:
@@ -231,14 +283,8 @@ def test_triton_gets_the_default_response_cache_unless_the_user_configures_one()
 
 
 def test_triton_does_not_start_without_the_token_file(tmp_path: Path) -> None:
-    script = pod.triton_command(model_with().spec)[2]
-    missing = script.replace(
-        f"{podenv.WORKSPACE_MOUNT}/{podenv.REPOSITORY_TOKEN_FILE}", str(tmp_path / "absent")
-    )
-    fake = tmp_path / "tritonserver"
-    fake.write_text("#!/bin/sh\necho started\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    env = _fake_tritonserver(tmp_path, "echo started")
+    missing = _local_sidecar_script(model_with().spec, tmp_path)
     result = subprocess.run(["/bin/sh", "-c", missing], env=env, capture_output=True, text=True)
     assert result.returncode != 0
     assert "started" not in result.stdout
@@ -292,8 +338,9 @@ def test_worker_health_and_shutdown() -> None:
     assert worker["livenessProbe"]["httpGet"] == {"path": "/livez", "port": 8080}
     pre_stop = worker["lifecycle"]["preStop"]["sleep"]["seconds"]
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace > pre_stop + 40
-    assert "--exit-timeout-secs=40" in _containers(deployment)["triton"]["command"][2]
+    assert grace >= pre_stop + 40 + podenv.SIDECAR_EXIT_TIMEOUT_S
+    sidecar_script = _containers(deployment)["triton"]["command"][2]
+    assert f"--exit-timeout-secs={podenv.SIDECAR_EXIT_TIMEOUT_S}" in sidecar_script
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
 
 

@@ -29,6 +29,10 @@ RUNTIME_SUBDIR = "runtime"
 """Below the workspace: what `kubetriton bootstrap` installs for the proxy (pyzmq, kubetriton)."""
 MODELS_SUBDIR = "models"
 SOCKETS_SUBDIR = "sockets"
+SIDECAR_STOP_FIFO = "triton-stop"
+"""Below the workspace: a FIFO the sidecar's shell reads. A line written to it makes the shell send SIGTERM to
+tritonserver, so a draining worker can stop Triton while it goes on serving (a native sidecar gets SIGTERM
+from the kubelet only after the worker has exited)."""
 REPOSITORY_TOKEN_FILE = "repository-token"
 """Below the workspace: the value that Triton's model-repository API demands in its header.
 
@@ -58,6 +62,13 @@ DEFAULT_CACHE_CONFIG = "local,size=16777216"
 """Triton's response cache, local and 16 MiB, in local mode and in the sidecar alike, so that a model bound
 with `ModelConfig(response_cache=True)` is cached in both unless the user configures the cache."""
 DEFAULT_DRAIN_SECONDS = 30
+SIDECAR_EXIT_TIMEOUT_S = 5
+"""The sidecar's --exit-timeout-secs: how long a stopping Triton goes on serving the client connections that
+are still open after the worker's drain, and finishes what is in flight, before it closes them."""
+GRPC_MAX_CONNECTION_AGE_S = 5
+"""In a pod, Triton sends each gRPC connection GOAWAY after this long (at most the drain budget), so
+clients open their next call on a new connection, which the Service routes to a pod that is not stopping;
+calls in flight finish within the drain budget."""
 DEFAULT_ARENA_BYTES = 256 * 1024 * 1024
 
 

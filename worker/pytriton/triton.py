@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetriton import podenv
+from kubetriton.drain import client_connections, request_sidecar_stop
 from kubetriton.health import HealthServer
 from kubetriton.model_repository import ModelSpec, check_model_name, name_tensors, write_model
 from kubetriton.server import (
@@ -53,6 +54,9 @@ ENV_CONFIG_PREFIX = "PYTRITON_TRITON_CONFIG_"
 SIDECAR_WAIT_S = 600.0
 MODEL_LOAD_TIMEOUT_S = 300.0
 DRAIN_QUIET_S = 0.5
+DRAIN_POLL_S = 0.1
+SIDECAR_UNLOAD_S = 10.0
+"""Attach mode: how long beyond Triton's exit timeout a stopping worker waits for its models to unload."""
 RELOAD_CHECK_S = 2.0
 """Attach mode: how often the worker checks that Triton still has its models loaded."""
 RELOAD_PAUSE_MAX_S = 60.0
@@ -184,6 +188,7 @@ class Triton:
         self._workers: dict[str, ModelWorker] = {}
         self._fatal: BaseException | None = None
         self._stop_requested = threading.Event()
+        self._signalled = False
         self._health: HealthServer | None = None
         self._draining = False
         self._started = False
@@ -258,7 +263,7 @@ class Triton:
         previous = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
-                previous[signum] = signal.signal(signum, lambda *_: self._stop_requested.set())
+                previous[signum] = signal.signal(signum, self._on_stop_signal)
         try:
             while not self._stop_requested.wait(monitoring_period_s):
                 if self._server is not None and not self._server.is_running():
@@ -271,6 +276,10 @@ class Triton:
             self.stop()
         if self._fatal is not None:
             raise SystemExit(f"Serving stopped after an unrecoverable error: {self._fatal}")
+
+    def _on_stop_signal(self, *_: object) -> None:
+        self._signalled = True
+        self._stop_requested.set()
 
     def is_alive(self) -> bool:
         return bool(self._http_url) and http_ok(f"{self._http_url}/v2/health/live", timeout_s=1)
@@ -297,16 +306,36 @@ class Triton:
             self._workspace_lock = None
 
     def _drain(self) -> None:
-        """Attach mode: wait until no request has been in flight for a moment, within the drain budget."""
-        budget = self._attach.drain_seconds if self._attach else 0
-        deadline = time.monotonic() + budget
+        """Attach mode: finish what is in flight within the drain budget. After SIGTERM (the pod stops),
+        first wait for the clients to leave, then stop the sidecar's Triton while still serving, as
+        `kubetriton.drain` explains; after an unrecoverable error the sidecar keeps running for the
+        restarted worker."""
+        if self._attach is None:
+            return
+        deadline = time.monotonic() + self._attach.drain_seconds
+        ports = (podenv.HTTP_PORT, podenv.GRPC_PORT)
         quiet_since = time.monotonic()
+        clients = 0
         while time.monotonic() < deadline:
-            if any(worker.in_flight for worker in self._workers.values()):
+            clients = (client_connections(ports) or 0) if self._signalled else 0
+            if clients or any(worker.in_flight for worker in self._workers.values()):
                 quiet_since = time.monotonic()
             elif time.monotonic() - quiet_since >= DRAIN_QUIET_S:
-                return
-            time.sleep(0.05)
+                break
+            time.sleep(DRAIN_POLL_S)
+        if not self._signalled:
+            return
+        if clients:
+            LOGGER.warning(
+                "%d client connection(s) still open after the %g s drain budget; Triton closes them",
+                clients,
+                self._attach.drain_seconds,
+            )
+        if not request_sidecar_stop(self._workspace / podenv.SIDECAR_STOP_FIFO):
+            return
+        deadline = time.monotonic() + podenv.SIDECAR_EXIT_TIMEOUT_S + SIDECAR_UNLOAD_S
+        while any(worker.attached for worker in self._workers.values()) and time.monotonic() < deadline:
+            time.sleep(DRAIN_POLL_S)
 
     def _unrecoverable(self, error: BaseException) -> None:
         LOGGER.error("Unrecoverable error, stopping: %s", error)

@@ -22,7 +22,7 @@ SHM_VOLUME = "dshm"
 PRESTOP_SECONDS = 5
 """How long a stopping pod keeps serving so that the endpoints controller can take it out of the Service."""
 SHUTDOWN_SLACK_SECONDS = 10
-"""Grace beyond preStop and drain, for Triton's own exit after the worker has gone."""
+"""Grace beyond preStop, drain and Triton's exit timeout, for unloading the models and exiting."""
 
 _TOKEN_PLACEHOLDER = "\x00repository-token\x00"
 _TOKEN_VARIABLE = "token"
@@ -46,26 +46,47 @@ def _quote_with_token(argument: str) -> str:
     return f'"${_TOKEN_VARIABLE}"'.join(shlex.quote(part) if part else "" for part in parts)
 
 
-def triton_command(spec: PyTritonModelSpec) -> list[str]:
-    """`/bin/sh -c` that reads the repository token from the workspace, removes the shared memory a
-    killed predecessor left in the pod's /dev/shm, then execs tritonserver."""
-    workspace = podenv.WORKSPACE_MOUNT
+def triton_arguments(spec: PyTritonModelSpec) -> list[str]:
+    """tritonserver's arguments in the sidecar, the repository token as a placeholder."""
     arguments = podenv.tritonserver_args(
-        model_repository=f"{workspace}/{podenv.MODELS_SUBDIR}",
+        model_repository=f"{podenv.WORKSPACE_MOUNT}/{podenv.MODELS_SUBDIR}",
         repository_token=_TOKEN_PLACEHOLDER,
-        exit_timeout_s=spec.drain_seconds,
+        exit_timeout_s=podenv.SIDECAR_EXIT_TIMEOUT_S,
     )
-    arguments.append(f"--backend-config=python,shm-region-prefix-name={podenv.SIDECAR_SHM_PREFIX}")
+    connection_age_s = min(podenv.GRPC_MAX_CONNECTION_AGE_S, spec.drain_seconds)
+    arguments += [
+        f"--backend-config=python,shm-region-prefix-name={podenv.SIDECAR_SHM_PREFIX}",
+        f"--grpc-max-connection-age={connection_age_s * 1000}",
+        f"--grpc-max-connection-age-grace={spec.drain_seconds * 1000}",
+    ]
     if not any(argument.startswith("--cache-config") for argument in spec.triton.args):
         arguments.append(f"--cache-config={podenv.DEFAULT_CACHE_CONFIG}")
+    return [*arguments, *spec.triton.args]
+
+
+def triton_command(spec: PyTritonModelSpec) -> list[str]:
+    """`/bin/sh -c` that reads the repository token from the workspace, removes the shared memory a
+    killed predecessor left in the pod's /dev/shm, and runs tritonserver until it exits.
+
+    The shell stays as the container's first process: it passes SIGTERM on to tritonserver, and sends it
+    SIGTERM itself when a line arrives on the stop FIFO, which the draining worker writes."""
+    workspace = podenv.WORKSPACE_MOUNT
     token_file = shlex.quote(f"{workspace}/{podenv.REPOSITORY_TOKEN_FILE}")
+    stop_fifo = shlex.quote(f"{workspace}/{podenv.SIDECAR_STOP_FIFO}")
     stale_regions = shlex.quote(f"{podenv.SHM_MOUNT}/{podenv.SIDECAR_SHM_PREFIX}") + "*"
-    line = " ".join(_quote_with_token(argument) for argument in [*arguments, *spec.triton.args])
-    return [
-        "/bin/sh",
-        "-c",
-        f'{_TOKEN_VARIABLE}="$(cat {token_file})" && rm -f {stale_regions} && exec tritonserver {line}',
-    ]
+    line = " ".join(_quote_with_token(argument) for argument in triton_arguments(spec))
+    script = "; ".join(
+        [
+            f'{_TOKEN_VARIABLE}="$(cat {token_file})" && rm -f {stale_regions} {stop_fifo}'
+            f" && mkfifo -m 600 {stop_fifo} || exit 1",
+            f"tritonserver {line} & server=$!",
+            "trap 'kill -TERM \"$server\"' TERM INT",
+            f'{{ read -r _ < {stop_fifo} && kill -TERM "$server"; }} & reader=$!',
+            'status=0; while kill -0 "$server" 2>/dev/null; do wait "$server"; status=$?; done',
+            f'kill "$reader" 2>/dev/null; rm -f {stop_fifo}; exit "$status"',
+        ]
+    )
+    return ["/bin/sh", "-c", script]
 
 
 def _bootstrap_container(spec: PyTritonModelSpec) -> dict[str, Any]:
@@ -166,8 +187,8 @@ def _worker_container(spec: PyTritonModelSpec) -> dict[str, Any]:
 
 
 def termination_grace_seconds(spec: PyTritonModelSpec) -> int:
-    """Enough for the preStop pause, the drain and Triton's exit after it."""
-    return PRESTOP_SECONDS + spec.drain_seconds + SHUTDOWN_SLACK_SECONDS
+    """Enough for the preStop pause, the worker's drain, and Triton's exit while the worker still serves."""
+    return PRESTOP_SECONDS + spec.drain_seconds + podenv.SIDECAR_EXIT_TIMEOUT_S + SHUTDOWN_SLACK_SECONDS
 
 
 def pod_template(model: PyTritonModel) -> dict[str, Any]:

@@ -35,6 +35,11 @@ from pytriton.client.exceptions import (
 from pytriton.client.triton_model_config import TritonModelConfig
 
 _T = TypeVar("_T")
+HTTP_CONNECTION_MAX_AGE_S = 5.0
+"""An HTTP connection older than this is replaced before the next request. A server cannot end an HTTP/1.1
+keep-alive connection between two requests (Triton has no way to), so renewing it is what moves a client
+off a stopping pod: the Service sends each new connection to a pod that is not stopping. gRPC needs no
+such care: the server ends its connections with GOAWAY (see `kubetriton.podenv.GRPC_MAX_CONNECTION_AGE_S`)."""
 _STREAM_GRACE_S = 5.0
 _SLOT_POLL_S = 0.1
 
@@ -45,14 +50,19 @@ class _Transport:
     def __init__(self, endpoint: Endpoint, timeout_s: float) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
-        if endpoint.protocol == "grpc":
-            self.module: Any = tritonclient.grpc
-            self.client: Any = tritonclient.grpc.InferenceServerClient(endpoint.address, ssl=endpoint.ssl)
-        else:
-            self.module = tritonclient.http
-            self.client = tritonclient.http.InferenceServerClient(
-                endpoint.address, connection_timeout=timeout_s, network_timeout=timeout_s, ssl=endpoint.ssl
-            )
+        self.module: Any = tritonclient.grpc if self.is_grpc else tritonclient.http
+        self.client: Any = self._connect()
+
+    def _connect(self) -> Any:
+        self._connected_at = time.monotonic()
+        if self.is_grpc:
+            return tritonclient.grpc.InferenceServerClient(self.endpoint.address, ssl=self.endpoint.ssl)
+        return tritonclient.http.InferenceServerClient(
+            self.endpoint.address,
+            connection_timeout=self.timeout_s,
+            network_timeout=self.timeout_s,
+            ssl=self.endpoint.ssl,
+        )
 
     @property
     def is_grpc(self) -> bool:
@@ -104,6 +114,9 @@ class _Transport:
         headers: dict[str, str],
     ) -> Any:
         binary = not self.is_grpc
+        if binary and time.monotonic() - self._connected_at > HTTP_CONNECTION_MAX_AGE_S:
+            self.client.close()
+            self.client = self._connect()
         return self.client.infer(
             config.model_name,
             _protocol.triton_inputs(self.module, arrays, binary=binary),
