@@ -75,6 +75,18 @@ def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
     return _structural(raw, raw.get("$defs", {}))
 
 
+def _metadata_schema() -> dict[str, Any]:
+    """The restriction on names (the only one a CRD may make on metadata), bounding what rules read.
+
+    The API server shows CEL the declared name only when generateName is declared beside it.
+    """
+    names = ("name", "generateName")
+    return {
+        "type": "object",
+        "properties": {name: {"type": "string", "maxLength": spec.OBJECT_NAME_MAX_LENGTH} for name in names},
+    }
+
+
 def openapi_schema() -> dict[str, Any]:
     """The structural schema of a whole PyTritonModel object."""
     return {
@@ -84,7 +96,7 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "metadata": _metadata_schema(),
             "spec": _schema_of(spec.PyTritonModelSpec),
             "status": _schema_of(spec.PyTritonModelStatus),
         },

@@ -50,8 +50,8 @@ MAX_AT_LEAST_MIN = _cel(
     "autoscaling.maxReplicas must be greater than or equal to autoscaling.minReplicas",
 )
 GPU_RESOURCE_NAME = _cel(
-    f"self.resourceName.matches('{GPU_RESOURCE_PATTERN}')",
-    "gpus.resourceName must be nvidia.com/gpu or a MIG resource such as nvidia.com/mig-1g.10gb",
+    f"self.matches('{GPU_RESOURCE_PATTERN}')",
+    "must be nvidia.com/gpu or a MIG resource such as nvidia.com/mig-1g.10gb",
 )
 DNS_SAFE_MODEL_NAMES = _cel(
     f"self.all(m, m.matches('{MODEL_NAME_PATTERN}'))",
@@ -106,10 +106,10 @@ class TritonSpec(_Model):
 class GpuSpec(_Model):
     """GPUs per replica, requested on the worker container."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [GPU_RESOURCE_NAME]})
-
     count: Annotated[int, Field(ge=0, le=64)] = 0
-    resource_name: Annotated[str, Field(max_length=253)] = GPU_RESOURCE
+    resource_name: Annotated[
+        str, Field(max_length=253, json_schema_extra={"x-kubernetes-validations": [GPU_RESOURCE_NAME]})
+    ] = GPU_RESOURCE
     """`nvidia.com/gpu`, or a MIG resource such as `nvidia.com/mig-1g.10gb`."""
 
     @field_validator("resource_name")
