@@ -89,6 +89,35 @@ def test_pydantic_rules(obj: dict[str, Any], rejection: str | None) -> None:
     assert rejection in describe_validation_error(raised.value)
 
 
+BOUND_CASES = [
+    ("replicas", _with(spec__replicas=spec.MAX_REPLICAS + 1), "spec.replicas"),
+    ("autoscaling max", _with(spec__autoscaling={"maxReplicas": 2**31 - 1}), "spec.autoscaling.maxReplicas"),
+    (
+        "autoscaling min",
+        _with(spec__autoscaling={"minReplicas": spec.MAX_REPLICAS + 1, "maxReplicas": spec.MAX_REPLICAS}),
+        "spec.autoscaling.minReplicas",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("obj", "field"), [case[1:] for case in BOUND_CASES], ids=[c[0] for c in BOUND_CASES]
+)
+def test_replicas_have_a_documented_maximum(obj: dict[str, Any], field: str) -> None:
+    _, errors = admit(obj)
+    assert len(errors) == 1 and f"maximum of {spec.MAX_REPLICAS}" in errors[0]
+    with pytest.raises(ValidationError) as raised:
+        PyTritonModel.model_validate(obj)
+    assert f"{field}: Input should be less than or equal to {spec.MAX_REPLICAS}" in describe_validation_error(
+        raised.value
+    )
+    node = load_schema()
+    for name in field.split("."):
+        node = node["properties"][name]
+    assert node["maximum"] == spec.MAX_REPLICAS
+    assert str(spec.MAX_REPLICAS) in node["description"]
+
+
 def test_api_server_defaults_match_pydantic() -> None:
     stored, errors = admit(BASE)
     assert errors == []

@@ -30,6 +30,8 @@ MODEL_NAME_MAX_LENGTH = 63
 OBJECT_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 OBJECT_NAME_MAX_LENGTH = 63
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+MAX_REPLICAS = 1000
+"""The most pods one model may ask for, fixed or autoscaled: beyond it a typo rather than a plan."""
 
 ARENAS_PER_INSTANCE = 2
 """A model instance's proxy maps one arena for requests and one for responses."""
@@ -125,8 +127,10 @@ class AutoscalingSpec(_Model):
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [MAX_AT_LEAST_MIN]})
 
-    min_replicas: Annotated[int, Field(ge=1)] = 1
-    max_replicas: Annotated[int, Field(ge=1)]
+    min_replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] = 1
+    """The fewest pods the autoscaler keeps, 1 to 1000."""
+    max_replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
+    """The most pods the autoscaler may run, 1 to 1000, and at least minReplicas."""
     target_cpu_utilization: Annotated[int | None, Field(ge=1, le=100, alias="targetCPUUtilization")] = None
     """Average CPU utilisation (percent of requests) to aim for; 80 when no metrics are given."""
     metrics: list[PassThrough] = []
@@ -188,8 +192,8 @@ class PyTritonModelSpec(_Model):
         ),
     ]
     """Names of the models the worker binds; a pod is ready once every one is loaded and attached."""
-    replicas: Annotated[int | None, Field(ge=0)] = None
-    """Fixed number of pods (1 when neither this nor autoscaling is set)."""
+    replicas: Annotated[int | None, Field(ge=0, le=MAX_REPLICAS)] = None
+    """Fixed number of pods, 0 to 1000 (1 when neither this nor autoscaling is set)."""
     autoscaling: AutoscalingSpec | None = None
     gpus: Annotated[GpuSpec, Field(default_factory=GpuSpec, json_schema_extra={"default": {}})]
     shared_memory: Annotated[str | None, Field(pattern=QUANTITY_PATTERN)] = None
