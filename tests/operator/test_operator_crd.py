@@ -42,6 +42,13 @@ def test_rules_read_declared_fields_and_walk_only_bounded_values() -> None:
     assert cost_problems(SCHEMA) == []
 
 
+def test_rules_on_the_root_and_on_spec_name_their_field() -> None:
+    """Without a fieldPath the server reports such a rule at `<nil>` (the root) or at `spec`."""
+    for node in (SCHEMA, SCHEMA["properties"]["spec"]):
+        for rule in node["x-kubernetes-validations"]:
+            assert rule.get("fieldPath") and rule.get("reason"), rule["rule"]
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.parent.name)
 def test_examples_pass_every_rule_after_defaulting(path: Path) -> None:
     stored, errors = admit(yaml.safe_load(path.read_text()))

@@ -39,17 +39,26 @@ SHM_HEADROOM_BYTES = 64 * 1024 * 1024
 """Room in /dev/shm beyond the worker's arenas, for the Python backend's own shared memory."""
 
 
-def _cel(rule: str, message: str) -> dict[str, str]:
-    return {"rule": rule, "message": message}
+def _cel(rule: str, message: str, *, field_path: str = "", reason: str = "") -> dict[str, str]:
+    """An x-kubernetes-validations entry. A rule on an object names the field it refuses with
+    `field_path` (relative to the object; the API server reports the object's own path otherwise),
+    and `reason` says how: FieldValueInvalid, FieldValueForbidden, FieldValueRequired or
+    FieldValueDuplicate."""
+    optional = {"fieldPath": field_path, "reason": reason}
+    return {"rule": rule, "message": message, **{key: value for key, value in optional.items() if value}}
 
 
 REPLICAS_XOR_AUTOSCALING = _cel(
     "!(has(self.replicas) && has(self.autoscaling))",
     "set either replicas or autoscaling, not both",
+    field_path=".replicas",
+    reason="FieldValueForbidden",
 )
 MAX_AT_LEAST_MIN = _cel(
     "self.maxReplicas >= self.minReplicas",
     "autoscaling.maxReplicas must be greater than or equal to autoscaling.minReplicas",
+    field_path=".maxReplicas",
+    reason="FieldValueInvalid",
 )
 GPU_RESOURCE_NAME = _cel(
     f"self.matches('{GPU_RESOURCE_PATTERN}')",
@@ -65,6 +74,8 @@ SERVICE_SAFE_NAME = _cel(
     f" && self.metadata.name.matches('{OBJECT_NAME_PATTERN}')",
     "metadata.name must be at most 63 lowercase letters, digits or '-', starting with a letter:"
     " it names the model's Service",
+    field_path=".metadata.name",
+    reason="FieldValueInvalid",
 )
 
 
