@@ -2,9 +2,10 @@
 
 The emulator neither prunes, defaults nor validates custom resources, so tests do it here the way a
 Kubernetes API server does: unknown fields pruned, defaults filled in only inside objects that are
-present, then the OpenAPI schema, then every CEL rule exactly as written in crds/. A rule sees only
-the fields the schema declares (the server gives CEL no view of preserved unknown fields), and a rule
-that fails to evaluate rejects the object just as one that evaluates to false does.
+present, then the OpenAPI schema and the keys of map lists, then every CEL rule exactly as written in
+crds/. A rule sees only the fields the schema declares (the server gives CEL no view of preserved
+unknown fields), and a rule that fails to evaluate rejects the object just as one that evaluates to
+false does.
 """
 
 from __future__ import annotations
@@ -68,6 +69,25 @@ def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
 def schema_errors(schema: dict[str, Any], value: Any) -> list[str]:
     """The OpenAPI validation messages for a value (CEL rules aside)."""
     return [error.message for error in jsonschema.Draft7Validator(schema).iter_errors(value)]
+
+
+def duplicate_keys(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
+    """Entries of a list of `x-kubernetes-list-type: map` that repeat an earlier entry's keys."""
+    problems = []
+    if isinstance(value, list) and "items" in schema:
+        names = schema.get("x-kubernetes-list-map-keys", [])
+        seen = set()
+        for index, item in enumerate(value):
+            key = tuple((name, item.get(name)) for name in names)
+            if key and key in seen:
+                problems.append(f"{path[1:]}[{index}]: Duplicate value: {dict(key)}")
+            seen.add(key)
+            problems += duplicate_keys(schema["items"], item, f"{path}[{index}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if key in schema.get("properties", {}):
+                problems += duplicate_keys(schema["properties"][key], item, f"{path}.{key}")
+    return problems
 
 
 def with_object_meta(schema: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +167,7 @@ def admit(obj: dict[str, Any], schema: dict[str, Any] | None = None) -> tuple[di
     """The object as the API server would store it, and the reasons it would reject it."""
     schema = schema or load_schema()
     stored = apply_defaults(schema, prune(schema, copy.deepcopy(obj), resource_root=True))
-    errors = schema_errors(schema, stored)
+    errors = schema_errors(schema, stored) + duplicate_keys(schema, stored)
     if errors:
         return stored, errors
     return stored, rule_violations(schema, stored, resource_root=True)

@@ -9,7 +9,7 @@ import pytest
 from crd_acceptance import rules
 from crd_check import admit, load_schema
 from kubetriton import podenv
-from kubetriton.operator import spec
+from kubetriton.operator import pod, spec
 from kubetriton.operator.spec import PyTritonModel, describe_validation_error
 from pydantic import ValidationError
 
@@ -31,6 +31,12 @@ def _with(**changes: Any) -> dict[str, Any]:
         node[leaf] = value
     return obj
 
+
+def _worker(**fields: Any) -> dict[str, Any]:
+    return {**BASE["spec"]["worker"], **fields}
+
+
+GPU_LIMIT = {"limits": {spec.GPU_RESOURCE: 2, "memory": "8Gi"}}
 
 RULE_CASES = [
     ("minimal spec", _with(), None, None),
@@ -78,6 +84,59 @@ RULE_CASES = [
         "metadata.name",
         spec.SERVICE_SAFE_NAME,
     ),
+    (
+        "the user's own variable",
+        _with(spec__worker=_worker(env=[{"name": "HF_HOME", "value": "/hf"}])),
+        None,
+        None,
+    ),
+    (
+        "a variable of the pod contract",
+        _with(
+            spec__worker=_worker(env=[{"name": "A", "value": "1"}, {"name": podenv.ENV_MODELS, "value": "X"}])
+        ),
+        "spec.worker.env[1].name",
+        spec.RESERVED_ENV_NAME,
+    ),
+    ("no GPU resource, no GPUs", _with(spec__worker=_worker(resources={"limits": {"cpu": 2}})), None, None),
+    (
+        "a GPU limit as gpus asks",
+        _with(spec__worker=_worker(resources=GPU_LIMIT), spec__gpus={"count": 2}),
+        None,
+        None,
+    ),
+    (
+        "a GPU amount written as a string",
+        _with(spec__worker=_worker(resources={"limits": {spec.GPU_RESOURCE: "2"}}), spec__gpus={"count": 2}),
+        None,
+        None,
+    ),
+    (
+        "another vendor's resource",
+        _with(spec__worker=_worker(resources={"limits": {"amd.com/gpu": 1}}), spec__gpus={"count": 1}),
+        None,
+        None,
+    ),
+    (
+        "a GPU limit other than gpus.count",
+        _with(spec__worker=_worker(resources=GPU_LIMIT), spec__gpus={"count": 1}),
+        "spec.worker.resources.limits",
+        spec.GPU_LIMITS_AGREE,
+    ),
+    (
+        "a MIG limit beside whole GPUs",
+        _with(
+            spec__worker=_worker(resources={"limits": {"nvidia.com/mig-1g.10gb": 1}}), spec__gpus={"count": 1}
+        ),
+        "spec.worker.resources.limits",
+        spec.GPU_LIMITS_AGREE,
+    ),
+    (
+        "a GPU request without gpus",
+        _with(spec__worker=_worker(resources={"requests": {spec.GPU_RESOURCE: 1}})),
+        "spec.worker.resources.requests",
+        spec.GPU_REQUESTS_AGREE,
+    ),
 ]
 """Each CEL rule, with specs it admits and specs it refuses: the field the API server names, and the rule."""
 
@@ -100,6 +159,37 @@ def test_pydantic_rules(obj: dict[str, Any], rule: dict[str, str] | None) -> Non
     with pytest.raises(ValidationError) as raised:
         PyTritonModel.model_validate(obj)
     assert rule["message"] in describe_validation_error(raised.value)
+
+
+def test_an_env_name_appears_once() -> None:
+    env = [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}, {"name": "A", "value": "3"}]
+    obj = _with(spec__worker=_worker(env=env))
+    assert admit(obj)[1] == ["spec.worker.env[2]: Duplicate value: {'name': 'A'}"]
+    with pytest.raises(ValidationError) as raised:
+        PyTritonModel.model_validate(obj)
+    assert "spec.worker.env: each name at most once: A repeated" in describe_validation_error(raised.value)
+
+
+def test_reserved_env_names_are_the_ones_the_operator_sets() -> None:
+    model_spec = PyTritonModel.model_validate(
+        _with(spec__worker=_worker(env=[{"name": "A", "value": "1"}]))
+    ).spec
+    names = [variable["name"] for variable in pod.worker_environment(model_spec)]
+    assert names == ["A", *spec.RESERVED_WORKER_ENV]
+
+
+def test_resources_are_amounts_by_name_only() -> None:
+    obj = _with(spec__worker=_worker(resources={"claims": [{"name": "gpu"}], "limits": {"cpu": 1.5}}))
+    with pytest.raises(ValidationError) as raised:
+        PyTritonModel.model_validate(obj)
+    problems = describe_validation_error(raised.value)
+    assert "spec.worker.resources.claims: Extra inputs are not permitted" in problems
+    assert "spec.worker.resources.limits.cpu" in problems
+    stored, errors = admit(obj)
+    assert "claims" not in stored["spec"]["worker"]["resources"], (
+        "the API server prunes what it does not know"
+    )
+    assert errors == ["1.5 is not valid under any of the given schemas"]
 
 
 def test_every_rule_in_the_crd_is_exercised() -> None:

@@ -12,8 +12,18 @@ import re
 from typing import Annotated, Any, Literal
 
 from kubetriton import podenv
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+    with_config,
+)
 from pydantic.alias_generators import to_camel
+from typing_extensions import NotRequired, TypedDict
 
 GROUP = "kubetriton.dev"
 VERSION = "v1alpha1"
@@ -23,7 +33,8 @@ PLURAL = "pytritonmodels"
 SINGULAR = "pytritonmodel"
 SHORT_NAME = "ptm"
 
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE_PREFIX = "nvidia.com/"
+GPU_RESOURCE = f"{GPU_RESOURCE_PREFIX}gpu"
 GPU_RESOURCE_PATTERN = r"^nvidia[.]com/(gpu|mig-[1-7]g[.][0-9]+gb)$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?$"
 MODEL_NAME_MAX_LENGTH = 63
@@ -32,6 +43,22 @@ OBJECT_NAME_MAX_LENGTH = 63
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 MAX_REPLICAS = 1000
 """The most pods one model may ask for, fixed or autoscaled: beyond it a typo rather than a plan."""
+MAX_RESOURCE_NAMES = 32
+"""The most resources one container's limits (or requests) may name; each value at most 64 characters."""
+QUANTITY_MAX_LENGTH = 64
+MAX_ENV_VARS = 256
+"""The most extra environment variables the worker may get; each name at most 253 characters."""
+ENV_NAME_MAX_LENGTH = 253
+RESERVED_WORKER_ENV = (
+    podenv.ENV_MODE,
+    podenv.ENV_WORKSPACE,
+    podenv.ENV_TRITON_HOST,
+    podenv.ENV_MODELS,
+    podenv.ENV_DRAIN_SECONDS,
+    podenv.ENV_HEALTH_PORT,
+)
+"""The worker's variables that the operator sets from the spec (the pod contract): a second entry with one
+of these names would make the container's env list hold a key twice, which server-side apply refuses."""
 
 ARENAS_PER_INSTANCE = 2
 """A model instance's proxy maps one arena for requests and one for responses."""
@@ -69,6 +96,30 @@ DNS_SAFE_MODEL_NAMES = _cel(
     "each model name must be 1-63 letters, digits or '-', starting and ending with a letter or digit",
 )
 
+RESERVED_ENV_NAME = _cel(
+    f"!(self in [{', '.join(repr(name) for name in RESERVED_WORKER_ENV)}])",
+    f"the operator sets this variable from the spec; worker.env may not set {', '.join(RESERVED_WORKER_ENV)}",
+    reason="FieldValueInvalid",
+)
+
+
+def _gpus_agree(part: str) -> dict[str, str]:
+    """A rule on spec: a GPU resource in worker.resources.<part> must be the one `gpus` asks for."""
+    amounts = f"self.worker.resources.{part}"
+    return _cel(
+        f"!has(self.worker.resources) || !has({amounts}) || {amounts}.all(r,"
+        f" !(r == '{GPU_RESOURCE}' || r.startsWith('{GPU_RESOURCE_PREFIX}mig-'))"
+        f" || (r == self.gpus.resourceName && string({amounts}[r]) == string(self.gpus.count)))",
+        f"a GPU resource in worker.resources.{part} must be gpus.resourceName with gpus.count:"
+        " set GPUs with spec.gpus (the operator adds the limit), or leave them out here",
+        field_path=f".worker.resources.{part}",
+        reason="FieldValueInvalid",
+    )
+
+
+GPU_LIMITS_AGREE = _gpus_agree("limits")
+GPU_REQUESTS_AGREE = _gpus_agree("requests")
+
 SERVICE_SAFE_NAME = _cel(
     f"size(self.metadata.name) <= {OBJECT_NAME_MAX_LENGTH}"
     f" && self.metadata.name.matches('{OBJECT_NAME_PATTERN}')",
@@ -89,7 +140,50 @@ class _Model(BaseModel):
 
 
 PassThrough = dict[str, Any]
-"""A Kubernetes structure (affinity, a toleration, an env var) kept as is and validated by the API server."""
+"""A Kubernetes structure (affinity, a toleration, a metric) kept as is and validated by the API server."""
+
+Quantity = int | Annotated[str, Field(max_length=QUANTITY_MAX_LENGTH)]
+"""An amount of a resource, as Kubernetes writes it: 2, "500m", "8Gi"."""
+
+
+def _not_reserved(name: str) -> str:
+    if name in RESERVED_WORKER_ENV:
+        raise ValueError(f"{name}: {RESERVED_ENV_NAME['message']}")
+    return name
+
+
+@with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))
+class EnvVar(TypedDict):
+    """An environment variable of the worker container (core/v1 EnvVar)."""
+
+    name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=ENV_NAME_MAX_LENGTH,
+            json_schema_extra={"x-kubernetes-validations": [RESERVED_ENV_NAME]},
+        ),
+        AfterValidator(_not_reserved),
+    ]
+    """The variable's name; the ones the operator sets (KUBETRITON_MODE and the rest of the pod contract)
+    are refused."""
+    value: NotRequired[str]
+    """Its value, with $(NAME) references to variables defined before it expanded."""
+    valueFrom: NotRequired[PassThrough]
+    """Where the value comes from instead (core/v1 EnvVarSource): a ConfigMap or Secret key, a field
+    of the pod, or a resource of a container."""
+
+
+@with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))
+class ResourceRequirements(TypedDict, total=False):
+    """Compute resources of a container (core/v1 ResourceRequirements, without claims)."""
+
+    limits: Annotated[dict[str, Quantity], Field(max_length=MAX_RESOURCE_NAMES)]
+    """The most of each resource the container may use, by resource name (at most 32 names); amounts are
+    integers or strings, so fractions are written "0.5" or "500m"."""
+    requests: Annotated[dict[str, Quantity], Field(max_length=MAX_RESOURCE_NAMES)]
+    """The amount of each resource reserved for the container when it is scheduled (at most 32 names);
+    amounts as in limits."""
 
 
 class WorkerSpec(_Model):
@@ -99,11 +193,28 @@ class WorkerSpec(_Model):
     """Worker image: the user's script and model code on top of the kubetriton worker base image."""
     command: list[str] = []
     args: list[str] = []
-    env: list[PassThrough] = []
-    """Extra environment variables (core/v1 EnvVar)."""
-    resources: PassThrough = {}
-    """core/v1 ResourceRequirements; GPU limits are added from `gpus`."""
+    env: Annotated[
+        list[EnvVar],
+        Field(
+            max_length=MAX_ENV_VARS,
+            json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        ),
+    ] = []
+    """Extra environment variables, at most 256, each name once; the operator adds the pod contract's
+    own (KUBETRITON_*) after them."""
+    resources: ResourceRequirements = {}
+    """Requests and limits of the worker container. The GPU limit comes from `gpus`: a GPU resource
+    (nvidia.com/gpu, nvidia.com/mig-*) named here must be gpus.resourceName with gpus.count."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+
+    @field_validator("env")
+    @classmethod
+    def _names_once(cls, env: list[EnvVar]) -> list[EnvVar]:
+        names = [variable["name"] for variable in env]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"each name at most once: {', '.join(repeated)} repeated")
+        return env
 
 
 class TritonSpec(_Model):
@@ -113,7 +224,8 @@ class TritonSpec(_Model):
     """Stock Triton image; the default matches the Triton version used in local mode."""
     args: list[str] = []
     """Extra tritonserver arguments, appended after the ones kubetriton sets."""
-    resources: PassThrough = {}
+    resources: ResourceRequirements = {}
+    """Requests and limits of the Triton container; it needs no GPU."""
 
 
 class GpuSpec(_Model):
@@ -190,7 +302,11 @@ def _model_name(value: str) -> str:
 class PyTritonModelSpec(_Model):
     """What to serve and how: the worker, its Triton sidecar, replicas and placement."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [REPLICAS_XOR_AUTOSCALING]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [REPLICAS_XOR_AUTOSCALING, GPU_LIMITS_AGREE, GPU_REQUESTS_AGREE]
+        }
+    )
 
     worker: WorkerSpec
     triton: Annotated[TritonSpec, Field(default_factory=TritonSpec, json_schema_extra={"default": {}})]
@@ -226,6 +342,15 @@ class PyTritonModelSpec(_Model):
     def _replicas_xor_autoscaling(self) -> PyTritonModelSpec:
         if self.replicas is not None and self.autoscaling is not None:
             raise ValueError(REPLICAS_XOR_AUTOSCALING["message"])
+        return self
+
+    @model_validator(mode="after")
+    def _gpu_resources_agree(self) -> PyTritonModelSpec:
+        for part, rule in (("limits", GPU_LIMITS_AGREE), ("requests", GPU_REQUESTS_AGREE)):
+            for name, amount in self.worker.resources.get(part, {}).items():
+                is_gpu = name == GPU_RESOURCE or name.startswith(f"{GPU_RESOURCE_PREFIX}mig-")
+                if is_gpu and (name != self.gpus.resource_name or str(amount) != str(self.gpus.count)):
+                    raise ValueError(rule["message"])
         return self
 
     @property
