@@ -291,12 +291,13 @@ def cost_problems(root: dict[str, Any]) -> list[str]:
 
 
 def undescribed_fields(root: dict[str, Any]) -> list[str]:
-    """Fields with no description for `kubectl explain` (metadata is the server's own, and may have none)."""
+    """Fields with no description for `kubectl explain`. The server describes apiVersion, kind and
+    metadata itself (and refuses a CRD that describes metadata)."""
     return [
         path
         for path, node in schema_nodes(root)
         if path
-        and not path.startswith(".metadata")
+        and path.split(".")[1] not in ("apiVersion", "kind", "metadata")
         and not path.endswith(("[]", "{}"))
         and not node.get("description")
     ]

@@ -17,6 +17,7 @@ from crd_acceptance import (
     cost_problems,
     default_problems,
     structural_problems,
+    undescribed_fields,
 )
 from crd_check import admit, load_crd, rule_violations
 
@@ -40,6 +41,11 @@ def test_defaults_pass_their_schema_and_rules_as_written() -> None:
 
 def test_rules_read_declared_fields_and_walk_only_bounded_values() -> None:
     assert cost_problems(SCHEMA) == []
+
+
+def test_every_field_is_described() -> None:
+    """`kubectl explain` shows each field's description; pydantic makes them from attribute docstrings."""
+    assert undescribed_fields(SCHEMA) == []
 
 
 def test_rules_on_the_root_and_on_spec_name_their_field() -> None:
@@ -161,6 +167,13 @@ def test_rules_that_walk_unbounded_values_or_hidden_fields_are_found() -> None:
         "<root>.limits{}: a string without maxLength (read by a rule at <root>)",
         "<root>: rule reads self.hidden.limits, which the schema does not declare",
     ]
+
+
+def test_fields_without_a_description_are_found() -> None:
+    schema = _object(
+        {"a": {"type": "string", "description": "described"}, "b": _object({"c": {"type": "string"}})}
+    )
+    assert undescribed_fields(schema) == [".b", ".b.c"]
 
 
 def test_unparsable_rules_are_found() -> None:

@@ -192,7 +192,9 @@ class WorkerSpec(_Model):
     image: Annotated[str, Field(min_length=1)]
     """Worker image: the user's script and model code on top of the kubetriton worker base image."""
     command: list[str] = []
+    """The container's entrypoint, e.g. ["python", "/app/serve.py"]; the image's when empty."""
     args: list[str] = []
+    """Arguments to the entrypoint; the image's when both this and command are empty."""
     env: Annotated[
         list[EnvVar],
         Field(
@@ -206,6 +208,8 @@ class WorkerSpec(_Model):
     """Requests and limits of the worker container. The GPU limit comes from `gpus`: a GPU resource
     (nvidia.com/gpu, nvidia.com/mig-*) named here must be gpus.resourceName with gpus.count."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    """When to pull the worker image (also used for the bootstrap step, which runs it); Kubernetes'
+    default when unset."""
 
     @field_validator("env")
     @classmethod
@@ -232,6 +236,7 @@ class GpuSpec(_Model):
     """GPUs per replica, requested on the worker container."""
 
     count: Annotated[int, Field(ge=0, le=64)] = 0
+    """GPUs (or MIG slices) each pod's worker gets, 0 to 64; 0 runs on CPU."""
     resource_name: Annotated[
         str, Field(max_length=253, json_schema_extra={"x-kubernetes-validations": [GPU_RESOURCE_NAME]})
     ] = GPU_RESOURCE
@@ -270,10 +275,15 @@ class SchedulingSpec(_Model):
     """Where the pods may run, passed to the pod spec as is."""
 
     node_selector: dict[str, str] = {}
+    """Labels a node must have to run the pods."""
     tolerations: list[PassThrough] = []
+    """core/v1 Toleration entries: the node taints the pods tolerate."""
     affinity: PassThrough = {}
+    """core/v1 Affinity: node affinity and pod (anti-)affinity of the pods."""
     topology_spread_constraints: list[PassThrough] = []
+    """core/v1 TopologySpreadConstraint entries: how the pods spread across zones or nodes."""
     priority_class_name: str | None = None
+    """PriorityClass of the pods."""
 
 
 class ServicePorts(_Model):
@@ -281,15 +291,21 @@ class ServicePorts(_Model):
     metrics, and the worker's health endpoint, whose /metrics has the worker's own counters."""
 
     http: Annotated[int, Field(ge=1, le=65535)] = podenv.HTTP_PORT
+    """Service port for Triton's HTTP/REST (KServe v2) endpoint."""
     grpc: Annotated[int, Field(ge=1, le=65535)] = podenv.GRPC_PORT
+    """Service port for Triton's gRPC endpoint."""
     metrics: Annotated[int, Field(ge=1, le=65535)] = podenv.METRICS_PORT
+    """Service port for Triton's Prometheus metrics."""
     worker: Annotated[int, Field(ge=1, le=65535)] = podenv.HEALTH_PORT
+    """Service port for the worker's health endpoint and its Prometheus metrics."""
 
 
 class ServiceSpec(_Model):
     """The Service in front of the model's pods."""
 
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    """How the Service is exposed: inside the cluster only (ClusterIP), or also on every node's port
+    or through a cloud load balancer."""
     ports: Annotated[ServicePorts, Field(default_factory=ServicePorts, json_schema_extra={"default": {}})]
 
 
@@ -322,6 +338,7 @@ class PyTritonModelSpec(_Model):
     replicas: Annotated[int | None, Field(ge=0, le=MAX_REPLICAS)] = None
     """Fixed number of pods, 0 to 1000 (1 when neither this nor autoscaling is set)."""
     autoscaling: AutoscalingSpec | None = None
+    """Let a HorizontalPodAutoscaler set the number of pods; excludes replicas."""
     gpus: Annotated[GpuSpec, Field(default_factory=GpuSpec, json_schema_extra={"default": {}})]
     shared_memory: Annotated[str | None, Field(pattern=QUANTITY_PATTERN)] = None
     """Size limit of the /dev/shm volume; derived from models, GPUs and the arena size when unset."""
@@ -330,6 +347,7 @@ class PyTritonModelSpec(_Model):
     ]
     service: Annotated[ServiceSpec, Field(default_factory=ServiceSpec, json_schema_extra={"default": {}})]
     service_account_name: str | None = None
+    """ServiceAccount the pods run as; the namespace's default when unset."""
     drain_seconds: Annotated[int, Field(ge=1, le=3600)] = podenv.DEFAULT_DRAIN_SECONDS
     """How long a stopping pod keeps serving in-flight requests before it exits."""
 
@@ -383,24 +401,35 @@ class Condition(_Model):
     """A status condition in the usual Kubernetes shape."""
 
     type: str
+    """Ready (every wanted pod serves every model), Progressing (pods are being created or rolled out)
+    or Degraded (a problem, named by reason, keeps pods from serving)."""
     status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds."""
     reason: str = ""
+    """One word for why, e.g. InsufficientGPU, Unschedulable, ImagePullBackOff or ModelLoadFailed."""
     message: str = ""
+    """What happened, in a sentence for people."""
     last_transition_time: str | None = None
+    """When status last changed (RFC 3339)."""
 
 
 class PyTritonModelStatus(_Model):
     """What the operator observed; written by the operator only."""
 
     observed_generation: int | None = None
+    """The metadata.generation of the spec this status describes."""
     replicas: int = 0
+    """Pods of the model's Deployment, for the scale subresource."""
     ready_replicas: int = 0
+    """Pods that are ready: every declared model loaded in Triton and attached to its worker."""
     selector: str = ""
     """Label selector of the pods, for the scale subresource."""
     conditions: list[Condition] = []
+    """Ready, Progressing and Degraded."""
     url: str = ""
     """HTTP endpoint of the model's Service, inside the cluster."""
     grpc_url: str = ""
+    """gRPC endpoint of the model's Service, inside the cluster."""
 
 
 class ObjectMeta(BaseModel):
