@@ -52,6 +52,8 @@ INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
 RULE_REASONS = {"FieldValueRequired", "FieldValueForbidden", "FieldValueInvalid", "FieldValueDuplicate"}
 FIELD_PATH_STEP = re.compile(r"\.([^.\[\]']+)|\['([^']*)'\]")
 FIELD_PATH = re.compile(f"(?:{FIELD_PATH_STEP.pattern})*")
+CONTAINER_STEP = re.compile(r"\[\]|\{\}")
+"""Where a schema path (as schema_nodes spells it) steps into list items or map values."""
 SELF_REFERENCE = re.compile(r"(has\(\s*)?\bself((?:\.[A-Za-z_]\w*\b(?!\s*\())*)")
 """`self` and the fields selected from it (`self.a.b`), stopping before a method call (`.all(`)."""
 
@@ -273,10 +275,17 @@ def cost_problems(root: dict[str, Any]) -> list[str]:
     """Each field a rule reads must be declared (CEL sees nothing else), and bounded if it is walked.
 
     `has(self.x)` only tests presence; any other use of `self.x` may walk x (iterate it, match it,
-    compare it), so every list, string and map inside x needs a bound.
+    compare it), so every list, string and map inside x needs a bound. A rule inside a list or a map
+    runs once per entry, so the lists and maps around it need bounds too.
     """
+    nodes = dict(schema_nodes(root))
     problems: dict[str, None] = {}
     for path, node, rule in rules(root):
+        for around in CONTAINER_STEP.finditer(path):
+            container = path[: around.start()]
+            kind, bound = ("list", "maxItems") if around.group() == "[]" else ("map", "maxProperties")
+            if bound not in nodes[container]:
+                problems[f"{container}: a {kind} without {bound} (holding a rule at {path})"] = None
         visible = with_object_meta(node) if path == "<root>" else node
         for presence_only, chain in SELF_REFERENCE.findall(rule["rule"]):
             target = resolve_field_path(visible, chain)

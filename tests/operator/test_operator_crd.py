@@ -152,13 +152,18 @@ def test_rules_that_walk_unbounded_values_or_hidden_fields_are_found() -> None:
     names = {"type": "array", "items": {"type": "string"}}
     limits = {"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": True}}
     hidden = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    ports = {
+        "type": "array",
+        "items": {"type": "integer", "x-kubernetes-validations": [{"rule": "self > 0"}]},
+    }
     rules = [
         {"rule": "self.names.all(n, n != '') && has(self.hidden)"},
         {"rule": "self.limits.all(k, k != '')"},
         {"rule": "has(self.hidden.limits)"},
     ]
     schema = _object(
-        {"names": names, "limits": limits, "hidden": hidden}, **{"x-kubernetes-validations": rules}
+        {"names": names, "limits": limits, "hidden": hidden, "ports": ports},
+        **{"x-kubernetes-validations": rules},
     )
     assert cost_problems(schema) == [
         "<root>.names: a list without maxItems (read by a rule at <root>)",
@@ -166,6 +171,7 @@ def test_rules_that_walk_unbounded_values_or_hidden_fields_are_found() -> None:
         "<root>.limits: a map without maxProperties (read by a rule at <root>)",
         "<root>.limits{}: a string without maxLength (read by a rule at <root>)",
         "<root>: rule reads self.hidden.limits, which the schema does not declare",
+        ".ports: a list without maxItems (holding a rule at .ports[])",
     ]
 
 
