@@ -43,11 +43,12 @@ OBJECT_NAME_MAX_LENGTH = 63
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 MAX_REPLICAS = 1000
 """The most pods one model may ask for, fixed or autoscaled: beyond it a typo rather than a plan."""
+# Bounds on what the CEL rules walk: the API server refuses a rule whose worst-case cost it cannot bound.
 MAX_RESOURCE_NAMES = 32
-"""The most resources one container's limits (or requests) may name; each value at most 64 characters."""
+"""The most resources one container's limits (or requests) may name."""
 QUANTITY_MAX_LENGTH = 64
 MAX_ENV_VARS = 256
-"""The most extra environment variables the worker may get; each name at most 253 characters."""
+"""The most extra environment variables the worker may get."""
 ENV_NAME_MAX_LENGTH = 253
 RESERVED_WORKER_ENV = (
     podenv.ENV_MODE,
