@@ -295,11 +295,11 @@ def test_worker_gets_the_contract_environment_last() -> None:
         _deployment(
             models=["A", "B"],
             drainSeconds=12,
-            worker={"image": "w:1", "env": [{"name": podenv.ENV_MODE, "value": "local"}]},
+            worker={"image": "w:1", "env": [{"name": "HF_HOME", "value": "/hf"}]},
         )
     )["worker"]
     names = [e["name"] for e in worker["env"]]
-    assert names[0] == podenv.ENV_MODE
+    assert names[0] == "HF_HOME"
     contract = {e["name"]: e["value"] for e in worker["env"][1:]}
     assert contract == {
         podenv.ENV_MODE: "attach",

@@ -6,9 +6,10 @@ import copy
 from typing import Any
 
 import pytest
+from crd_acceptance import rules
 from crd_check import admit, load_schema
 from kubetriton import podenv
-from kubetriton.operator import spec
+from kubetriton.operator import pod, spec
 from kubetriton.operator.spec import PyTritonModel, describe_validation_error
 from pydantic import ValidationError
 
@@ -31,62 +32,198 @@ def _with(**changes: Any) -> dict[str, Any]:
     return obj
 
 
+def _worker(**fields: Any) -> dict[str, Any]:
+    return {**BASE["spec"]["worker"], **fields}
+
+
+GPU_LIMIT = {"limits": {spec.GPU_RESOURCE: 2, "memory": "8Gi"}}
+
 RULE_CASES = [
-    ("minimal spec", _with(), None),
-    ("fixed replicas", _with(spec__replicas=3), None),
-    ("autoscaling alone", _with(spec__autoscaling={"minReplicas": 1, "maxReplicas": 3}), None),
+    ("minimal spec", _with(), None, None),
+    ("fixed replicas", _with(spec__replicas=3), None, None),
+    ("autoscaling alone", _with(spec__autoscaling={"minReplicas": 1, "maxReplicas": 3}), None, None),
     (
         "replicas with autoscaling",
         _with(spec__replicas=2, spec__autoscaling={"maxReplicas": 3}),
-        spec.REPLICAS_XOR_AUTOSCALING["message"],
+        "spec.replicas",
+        spec.REPLICAS_XOR_AUTOSCALING,
     ),
-    ("max equal to min", _with(spec__autoscaling={"minReplicas": 2, "maxReplicas": 2}), None),
+    ("max equal to min", _with(spec__autoscaling={"minReplicas": 2, "maxReplicas": 2}), None, None),
     (
         "max below min",
         _with(spec__autoscaling={"minReplicas": 3, "maxReplicas": 2}),
-        spec.MAX_AT_LEAST_MIN["message"],
+        "spec.autoscaling.maxReplicas",
+        spec.MAX_AT_LEAST_MIN,
     ),
-    ("whole GPUs", _with(spec__gpus={"count": 2}), None),
-    ("MIG slice", _with(spec__gpus={"count": 1, "resourceName": "nvidia.com/mig-1g.10gb"}), None),
+    ("whole GPUs", _with(spec__gpus={"count": 2}), None, None),
+    ("MIG slice", _with(spec__gpus={"count": 1, "resourceName": "nvidia.com/mig-1g.10gb"}), None, None),
     (
         "another vendor's GPU",
         _with(spec__gpus={"count": 1, "resourceName": "amd.com/gpu"}),
-        spec.GPU_RESOURCE_NAME["message"],
+        "spec.gpus.resourceName",
+        spec.GPU_RESOURCE_NAME,
     ),
     (
         "misspelt GPU resource",
         _with(spec__gpus={"count": 1, "resourceName": "nvidia.com/gpus"}),
-        spec.GPU_RESOURCE_NAME["message"],
+        "spec.gpus.resourceName",
+        spec.GPU_RESOURCE_NAME,
     ),
-    ("CamelCase and dashed model names", _with(spec__models=["ESM1", "my-model"]), None),
-    ("underscore in a model name", _with(spec__models=["my_model"]), spec.DNS_SAFE_MODEL_NAMES["message"]),
-    ("model name starting with a dash", _with(spec__models=["-x"]), spec.DNS_SAFE_MODEL_NAMES["message"]),
-    ("uppercase object name", _with(metadata__name="ESM1"), spec.SERVICE_SAFE_NAME["message"]),
-    ("object name starting with a digit", _with(metadata__name="1esm"), spec.SERVICE_SAFE_NAME["message"]),
+    ("CamelCase and dashed model names", _with(spec__models=["ESM1", "my-model"]), None, None),
+    (
+        "underscore in a model name",
+        _with(spec__models=["my_model"]),
+        "spec.models",
+        spec.DNS_SAFE_MODEL_NAMES,
+    ),
+    ("model name starting with a dash", _with(spec__models=["-x"]), "spec.models", spec.DNS_SAFE_MODEL_NAMES),
+    ("uppercase object name", _with(metadata__name="ESM1"), "metadata.name", spec.SERVICE_SAFE_NAME),
+    (
+        "object name starting with a digit",
+        _with(metadata__name="1esm"),
+        "metadata.name",
+        spec.SERVICE_SAFE_NAME,
+    ),
+    (
+        "the user's own variable",
+        _with(spec__worker=_worker(env=[{"name": "HF_HOME", "value": "/hf"}])),
+        None,
+        None,
+    ),
+    (
+        "a variable of the pod contract",
+        _with(
+            spec__worker=_worker(env=[{"name": "A", "value": "1"}, {"name": podenv.ENV_MODELS, "value": "X"}])
+        ),
+        "spec.worker.env[1].name",
+        spec.RESERVED_ENV_NAME,
+    ),
+    ("no GPU resource, no GPUs", _with(spec__worker=_worker(resources={"limits": {"cpu": 2}})), None, None),
+    (
+        "a GPU limit as gpus asks",
+        _with(spec__worker=_worker(resources=GPU_LIMIT), spec__gpus={"count": 2}),
+        None,
+        None,
+    ),
+    (
+        "a GPU amount written as a string",
+        _with(spec__worker=_worker(resources={"limits": {spec.GPU_RESOURCE: "2"}}), spec__gpus={"count": 2}),
+        None,
+        None,
+    ),
+    (
+        "another vendor's resource",
+        _with(spec__worker=_worker(resources={"limits": {"amd.com/gpu": 1}}), spec__gpus={"count": 1}),
+        None,
+        None,
+    ),
+    (
+        "a GPU limit other than gpus.count",
+        _with(spec__worker=_worker(resources=GPU_LIMIT), spec__gpus={"count": 1}),
+        "spec.worker.resources.limits",
+        spec.GPU_LIMITS_AGREE,
+    ),
+    (
+        "a MIG limit beside whole GPUs",
+        _with(
+            spec__worker=_worker(resources={"limits": {"nvidia.com/mig-1g.10gb": 1}}), spec__gpus={"count": 1}
+        ),
+        "spec.worker.resources.limits",
+        spec.GPU_LIMITS_AGREE,
+    ),
+    (
+        "a GPU request without gpus",
+        _with(spec__worker=_worker(resources={"requests": {spec.GPU_RESOURCE: 1}})),
+        "spec.worker.resources.requests",
+        spec.GPU_REQUESTS_AGREE,
+    ),
 ]
+"""Each CEL rule, with specs it admits and specs it refuses: the field the API server names, and the rule."""
 
 
 @pytest.mark.parametrize(
-    ("obj", "rejection"), [case[1:] for case in RULE_CASES], ids=[c[0] for c in RULE_CASES]
+    ("obj", "field", "rule"), [case[1:] for case in RULE_CASES], ids=[c[0] for c in RULE_CASES]
 )
-def test_api_server_rules(obj: dict[str, Any], rejection: str | None) -> None:
+def test_api_server_rules(obj: dict[str, Any], field: str | None, rule: dict[str, str] | None) -> None:
     _, errors = admit(obj)
-    if rejection is None:
-        assert errors == []
-    else:
-        assert len(errors) == 1 and errors[0].endswith(rejection)
+    assert errors == ([] if rule is None else [f"{field}: {rule['message']}"])
 
 
 @pytest.mark.parametrize(
-    ("obj", "rejection"), [case[1:] for case in RULE_CASES], ids=[c[0] for c in RULE_CASES]
+    ("obj", "rule"), [(case[1], case[3]) for case in RULE_CASES], ids=[c[0] for c in RULE_CASES]
 )
-def test_pydantic_rules(obj: dict[str, Any], rejection: str | None) -> None:
-    if rejection is None:
+def test_pydantic_rules(obj: dict[str, Any], rule: dict[str, str] | None) -> None:
+    if rule is None:
         PyTritonModel.model_validate(obj)
         return
     with pytest.raises(ValidationError) as raised:
         PyTritonModel.model_validate(obj)
-    assert rejection in describe_validation_error(raised.value)
+    assert rule["message"] in describe_validation_error(raised.value)
+
+
+def test_an_env_name_appears_once() -> None:
+    env = [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}, {"name": "A", "value": "3"}]
+    obj = _with(spec__worker=_worker(env=env))
+    assert admit(obj)[1] == ["spec.worker.env[2]: Duplicate value: {'name': 'A'}"]
+    with pytest.raises(ValidationError) as raised:
+        PyTritonModel.model_validate(obj)
+    assert "spec.worker.env: each name at most once: A repeated" in describe_validation_error(raised.value)
+
+
+def test_reserved_env_names_are_the_ones_the_operator_sets() -> None:
+    model_spec = PyTritonModel.model_validate(
+        _with(spec__worker=_worker(env=[{"name": "A", "value": "1"}]))
+    ).spec
+    names = [variable["name"] for variable in pod.worker_environment(model_spec)]
+    assert names == ["A", *spec.RESERVED_WORKER_ENV]
+
+
+def test_resources_are_amounts_by_name_only() -> None:
+    obj = _with(spec__worker=_worker(resources={"claims": [{"name": "gpu"}], "limits": {"cpu": 1.5}}))
+    with pytest.raises(ValidationError) as raised:
+        PyTritonModel.model_validate(obj)
+    problems = describe_validation_error(raised.value)
+    assert "spec.worker.resources.claims: Extra inputs are not permitted" in problems
+    assert "spec.worker.resources.limits.cpu" in problems
+    stored, errors = admit(obj)
+    assert "claims" not in stored["spec"]["worker"]["resources"], (
+        "the API server prunes what it does not know"
+    )
+    assert errors == ["1.5 is not valid under any of the given schemas"]
+
+
+def test_every_rule_in_the_crd_is_exercised() -> None:
+    exercised = {case[3]["rule"] for case in RULE_CASES if case[3] is not None}
+    assert {rule["rule"] for _, _, rule in rules(load_schema())} == exercised
+
+
+BOUND_CASES = [
+    ("replicas", _with(spec__replicas=spec.MAX_REPLICAS + 1), "spec.replicas"),
+    ("autoscaling max", _with(spec__autoscaling={"maxReplicas": 2**31 - 1}), "spec.autoscaling.maxReplicas"),
+    (
+        "autoscaling min",
+        _with(spec__autoscaling={"minReplicas": spec.MAX_REPLICAS + 1, "maxReplicas": spec.MAX_REPLICAS}),
+        "spec.autoscaling.minReplicas",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("obj", "field"), [case[1:] for case in BOUND_CASES], ids=[c[0] for c in BOUND_CASES]
+)
+def test_replicas_have_a_documented_maximum(obj: dict[str, Any], field: str) -> None:
+    _, errors = admit(obj)
+    assert len(errors) == 1 and f"maximum of {spec.MAX_REPLICAS}" in errors[0]
+    with pytest.raises(ValidationError) as raised:
+        PyTritonModel.model_validate(obj)
+    assert f"{field}: Input should be less than or equal to {spec.MAX_REPLICAS}" in describe_validation_error(
+        raised.value
+    )
+    node = load_schema()
+    for name in field.split("."):
+        node = node["properties"][name]
+    assert node["maximum"] == spec.MAX_REPLICAS
+    assert str(spec.MAX_REPLICAS) in node["description"]
 
 
 def test_api_server_defaults_match_pydantic() -> None:

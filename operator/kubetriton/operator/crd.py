@@ -1,9 +1,9 @@
 """The PyTritonModel CustomResourceDefinition, generated from the pydantic models in `spec`.
 
 pydantic writes JSON Schema with references, nullable unions and titles; the API server wants a
-structural OpenAPI v3 schema: everything inline, every property typed, pass-through structures
-marked as such. This module performs that translation and adds what only a CRD has: the
-subresources, the printer columns and the names.
+structural OpenAPI v3 schema: everything inline, every property typed (or int-or-string),
+pass-through structures marked as such. This module performs that translation and adds what only a
+CRD has: the subresources, the printer columns and the names.
 """
 
 from __future__ import annotations
@@ -32,6 +32,14 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
+def _int_or_string(branches: list[dict[str, Any]]) -> dict[str, Any]:
+    """`int | str` (a Kubernetes quantity): the API server's int-or-string, whose only typed form is this
+    anyOf; the string branch's bounds move beside it, where they apply to strings alone."""
+    (text,) = (branch for branch in branches if branch["type"] == "string")
+    bounds = {key: value for key, value in text.items() if key not in ("type", "title")}
+    return {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}], **bounds}
+
+
 def _structural(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
     """Inline references, unwrap `X | None`, and mark free-form objects as preserved."""
     if "$ref" in node:
@@ -47,8 +55,10 @@ def _structural(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, 
         return merged
     if "anyOf" in node:
         branches = [branch for branch in node["anyOf"] if branch.get("type") != "null"]
-        (branch,) = branches
         outer = {key: value for key, value in node.items() if key not in _DROPPED_KEYS}
+        if sorted(branch.get("type") for branch in branches) == ["integer", "string"]:
+            return {**_int_or_string(branches), **outer}
+        (branch,) = branches
         return _structural({**branch, **outer}, definitions)
 
     result: dict[str, Any] = {}
@@ -70,9 +80,33 @@ def _structural(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, 
     return result
 
 
+def _one_line_descriptions(node: Any) -> Any:
+    """Docstrings wrap at the source's line length; `kubectl explain` wraps descriptions itself."""
+    if isinstance(node, dict):
+        return {
+            key: " ".join(value.split()) if key == "description" else _one_line_descriptions(value)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [_one_line_descriptions(item) for item in node]
+    return node
+
+
 def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True)
-    return _structural(raw, raw.get("$defs", {}))
+    return _one_line_descriptions(_structural(raw, raw.get("$defs", {})))
+
+
+def _metadata_schema() -> dict[str, Any]:
+    """The restriction on names (the only one a CRD may make on metadata), bounding what rules read.
+
+    The API server shows CEL the declared name only when generateName is declared beside it.
+    """
+    names = ("name", "generateName")
+    return {
+        "type": "object",
+        "properties": {name: {"type": "string", "maxLength": spec.OBJECT_NAME_MAX_LENGTH} for name in names},
+    }
 
 
 def openapi_schema() -> dict[str, Any]:
@@ -84,7 +118,7 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "metadata": _metadata_schema(),
             "spec": _schema_of(spec.PyTritonModelSpec),
             "status": _schema_of(spec.PyTritonModelStatus),
         },

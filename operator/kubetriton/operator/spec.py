@@ -12,8 +12,18 @@ import re
 from typing import Annotated, Any, Literal
 
 from kubetriton import podenv
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+    with_config,
+)
 from pydantic.alias_generators import to_camel
+from typing_extensions import NotRequired, TypedDict
 
 GROUP = "kubetriton.dev"
 VERSION = "v1alpha1"
@@ -23,13 +33,33 @@ PLURAL = "pytritonmodels"
 SINGULAR = "pytritonmodel"
 SHORT_NAME = "ptm"
 
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE_PREFIX = "nvidia.com/"
+GPU_RESOURCE = f"{GPU_RESOURCE_PREFIX}gpu"
 GPU_RESOURCE_PATTERN = r"^nvidia[.]com/(gpu|mig-[1-7]g[.][0-9]+gb)$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?$"
 MODEL_NAME_MAX_LENGTH = 63
 OBJECT_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 OBJECT_NAME_MAX_LENGTH = 63
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+MAX_REPLICAS = 1000
+"""The most pods one model may ask for, fixed or autoscaled: beyond it a typo rather than a plan."""
+# Bounds on what the CEL rules walk: the API server refuses a rule whose worst-case cost it cannot bound.
+MAX_RESOURCE_NAMES = 32
+"""The most resources one container's limits (or requests) may name."""
+QUANTITY_MAX_LENGTH = 64
+MAX_ENV_VARS = 256
+"""The most extra environment variables the worker may get."""
+ENV_NAME_MAX_LENGTH = 253
+RESERVED_WORKER_ENV = (
+    podenv.ENV_MODE,
+    podenv.ENV_WORKSPACE,
+    podenv.ENV_TRITON_HOST,
+    podenv.ENV_MODELS,
+    podenv.ENV_DRAIN_SECONDS,
+    podenv.ENV_HEALTH_PORT,
+)
+"""The worker's variables that the operator sets from the spec (the pod contract): a second entry with one
+of these names would make the container's env list hold a key twice, which server-side apply refuses."""
 
 ARENAS_PER_INSTANCE = 2
 """A model instance's proxy maps one arena for requests and one for responses."""
@@ -37,32 +67,67 @@ SHM_HEADROOM_BYTES = 64 * 1024 * 1024
 """Room in /dev/shm beyond the worker's arenas, for the Python backend's own shared memory."""
 
 
-def _cel(rule: str, message: str) -> dict[str, str]:
-    return {"rule": rule, "message": message}
+def _cel(rule: str, message: str, *, field_path: str = "", reason: str = "") -> dict[str, str]:
+    """An x-kubernetes-validations entry. A rule on an object names the field it refuses with
+    `field_path` (relative to the object; the API server reports the object's own path otherwise),
+    and `reason` says how: FieldValueInvalid, FieldValueForbidden, FieldValueRequired or
+    FieldValueDuplicate."""
+    optional = {"fieldPath": field_path, "reason": reason}
+    return {"rule": rule, "message": message, **{key: value for key, value in optional.items() if value}}
 
 
 REPLICAS_XOR_AUTOSCALING = _cel(
     "!(has(self.replicas) && has(self.autoscaling))",
     "set either replicas or autoscaling, not both",
+    field_path=".replicas",
+    reason="FieldValueForbidden",
 )
 MAX_AT_LEAST_MIN = _cel(
     "self.maxReplicas >= self.minReplicas",
     "autoscaling.maxReplicas must be greater than or equal to autoscaling.minReplicas",
+    field_path=".maxReplicas",
+    reason="FieldValueInvalid",
 )
 GPU_RESOURCE_NAME = _cel(
-    f"self.resourceName.matches('{GPU_RESOURCE_PATTERN}')",
-    "gpus.resourceName must be nvidia.com/gpu or a MIG resource such as nvidia.com/mig-1g.10gb",
+    f"self.matches('{GPU_RESOURCE_PATTERN}')",
+    "must be nvidia.com/gpu or a MIG resource such as nvidia.com/mig-1g.10gb",
 )
 DNS_SAFE_MODEL_NAMES = _cel(
     f"self.all(m, m.matches('{MODEL_NAME_PATTERN}'))",
     "each model name must be 1-63 letters, digits or '-', starting and ending with a letter or digit",
 )
 
+RESERVED_ENV_NAME = _cel(
+    f"!(self in [{', '.join(repr(name) for name in RESERVED_WORKER_ENV)}])",
+    f"the operator sets this variable from the spec; worker.env may not set {', '.join(RESERVED_WORKER_ENV)}",
+    reason="FieldValueInvalid",
+)
+
+
+def _gpus_agree(part: str) -> dict[str, str]:
+    """A rule on spec: a GPU resource in worker.resources.<part> must be the one `gpus` asks for."""
+    amounts = f"self.worker.resources.{part}"
+    return _cel(
+        f"!has(self.worker.resources) || !has({amounts}) || {amounts}.all(r,"
+        f" !(r == '{GPU_RESOURCE}' || r.startsWith('{GPU_RESOURCE_PREFIX}mig-'))"
+        f" || (r == self.gpus.resourceName && string({amounts}[r]) == string(self.gpus.count)))",
+        f"a GPU resource in worker.resources.{part} must be gpus.resourceName with gpus.count:"
+        " set GPUs with spec.gpus (the operator adds the limit), or leave them out here",
+        field_path=f".worker.resources.{part}",
+        reason="FieldValueInvalid",
+    )
+
+
+GPU_LIMITS_AGREE = _gpus_agree("limits")
+GPU_REQUESTS_AGREE = _gpus_agree("requests")
+
 SERVICE_SAFE_NAME = _cel(
     f"size(self.metadata.name) <= {OBJECT_NAME_MAX_LENGTH}"
     f" && self.metadata.name.matches('{OBJECT_NAME_PATTERN}')",
     "metadata.name must be at most 63 lowercase letters, digits or '-', starting with a letter:"
     " it names the model's Service",
+    field_path=".metadata.name",
+    reason="FieldValueInvalid",
 )
 
 
@@ -76,7 +141,50 @@ class _Model(BaseModel):
 
 
 PassThrough = dict[str, Any]
-"""A Kubernetes structure (affinity, a toleration, an env var) kept as is and validated by the API server."""
+"""A Kubernetes structure (affinity, a toleration, a metric) kept as is and validated by the API server."""
+
+Quantity = int | Annotated[str, Field(max_length=QUANTITY_MAX_LENGTH)]
+"""An amount of a resource, as Kubernetes writes it: 2, "500m", "8Gi"."""
+
+
+def _not_reserved(name: str) -> str:
+    if name in RESERVED_WORKER_ENV:
+        raise ValueError(f"{name}: {RESERVED_ENV_NAME['message']}")
+    return name
+
+
+@with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))
+class EnvVar(TypedDict):
+    """An environment variable of the worker container (core/v1 EnvVar)."""
+
+    name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=ENV_NAME_MAX_LENGTH,
+            json_schema_extra={"x-kubernetes-validations": [RESERVED_ENV_NAME]},
+        ),
+        AfterValidator(_not_reserved),
+    ]
+    """The variable's name; the ones the operator sets (KUBETRITON_MODE and the rest of the pod contract)
+    are refused."""
+    value: NotRequired[str]
+    """Its value, with $(NAME) references to variables defined before it expanded."""
+    valueFrom: NotRequired[PassThrough]
+    """Where the value comes from instead (core/v1 EnvVarSource): a ConfigMap or Secret key, a field
+    of the pod, or a resource of a container."""
+
+
+@with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))
+class ResourceRequirements(TypedDict, total=False):
+    """Compute resources of a container (core/v1 ResourceRequirements, without claims)."""
+
+    limits: Annotated[dict[str, Quantity], Field(max_length=MAX_RESOURCE_NAMES)]
+    """The most of each resource the container may use, by resource name (at most 32 names); amounts are
+    integers or strings, so fractions are written "0.5" or "500m"."""
+    requests: Annotated[dict[str, Quantity], Field(max_length=MAX_RESOURCE_NAMES)]
+    """The amount of each resource reserved for the container when it is scheduled (at most 32 names);
+    amounts as in limits."""
 
 
 class WorkerSpec(_Model):
@@ -85,12 +193,33 @@ class WorkerSpec(_Model):
     image: Annotated[str, Field(min_length=1)]
     """Worker image: the user's script and model code on top of the kubetriton worker base image."""
     command: list[str] = []
+    """The container's entrypoint, e.g. ["python", "/app/serve.py"]; the image's when empty."""
     args: list[str] = []
-    env: list[PassThrough] = []
-    """Extra environment variables (core/v1 EnvVar)."""
-    resources: PassThrough = {}
-    """core/v1 ResourceRequirements; GPU limits are added from `gpus`."""
+    """Arguments to the entrypoint; the image's when both this and command are empty."""
+    env: Annotated[
+        list[EnvVar],
+        Field(
+            max_length=MAX_ENV_VARS,
+            json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        ),
+    ] = []
+    """Extra environment variables, at most 256, each name once; the operator adds the pod contract's
+    own (KUBETRITON_*) after them."""
+    resources: ResourceRequirements = {}
+    """Requests and limits of the worker container. The GPU limit comes from `gpus`: a GPU resource
+    (nvidia.com/gpu, nvidia.com/mig-*) named here must be gpus.resourceName with gpus.count."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    """When to pull the worker image (also used for the bootstrap step, which runs it); Kubernetes'
+    default when unset."""
+
+    @field_validator("env")
+    @classmethod
+    def _names_once(cls, env: list[EnvVar]) -> list[EnvVar]:
+        names = [variable["name"] for variable in env]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"each name at most once: {', '.join(repeated)} repeated")
+        return env
 
 
 class TritonSpec(_Model):
@@ -100,16 +229,18 @@ class TritonSpec(_Model):
     """Stock Triton image; the default matches the Triton version used in local mode."""
     args: list[str] = []
     """Extra tritonserver arguments, appended after the ones kubetriton sets."""
-    resources: PassThrough = {}
+    resources: ResourceRequirements = {}
+    """Requests and limits of the Triton container; it needs no GPU."""
 
 
 class GpuSpec(_Model):
     """GPUs per replica, requested on the worker container."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [GPU_RESOURCE_NAME]})
-
     count: Annotated[int, Field(ge=0, le=64)] = 0
-    resource_name: Annotated[str, Field(max_length=253)] = GPU_RESOURCE
+    """GPUs (or MIG slices) each pod's worker gets, 0 to 64; 0 runs on CPU."""
+    resource_name: Annotated[
+        str, Field(max_length=253, json_schema_extra={"x-kubernetes-validations": [GPU_RESOURCE_NAME]})
+    ] = GPU_RESOURCE
     """`nvidia.com/gpu`, or a MIG resource such as `nvidia.com/mig-1g.10gb`."""
 
     @field_validator("resource_name")
@@ -125,8 +256,10 @@ class AutoscalingSpec(_Model):
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [MAX_AT_LEAST_MIN]})
 
-    min_replicas: Annotated[int, Field(ge=1)] = 1
-    max_replicas: Annotated[int, Field(ge=1)]
+    min_replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] = 1
+    """The fewest pods the autoscaler keeps, 1 to 1000."""
+    max_replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
+    """The most pods the autoscaler may run, 1 to 1000, and at least minReplicas."""
     target_cpu_utilization: Annotated[int | None, Field(ge=1, le=100, alias="targetCPUUtilization")] = None
     """Average CPU utilisation (percent of requests) to aim for; 80 when no metrics are given."""
     metrics: list[PassThrough] = []
@@ -143,10 +276,15 @@ class SchedulingSpec(_Model):
     """Where the pods may run, passed to the pod spec as is."""
 
     node_selector: dict[str, str] = {}
+    """Labels a node must have to run the pods."""
     tolerations: list[PassThrough] = []
+    """core/v1 Toleration entries: the node taints the pods tolerate."""
     affinity: PassThrough = {}
+    """core/v1 Affinity: node affinity and pod (anti-)affinity of the pods."""
     topology_spread_constraints: list[PassThrough] = []
+    """core/v1 TopologySpreadConstraint entries: how the pods spread across zones or nodes."""
     priority_class_name: str | None = None
+    """PriorityClass of the pods."""
 
 
 class ServicePorts(_Model):
@@ -154,15 +292,21 @@ class ServicePorts(_Model):
     metrics, and the worker's health endpoint, whose /metrics has the worker's own counters."""
 
     http: Annotated[int, Field(ge=1, le=65535)] = podenv.HTTP_PORT
+    """Service port for Triton's HTTP/REST (KServe v2) endpoint."""
     grpc: Annotated[int, Field(ge=1, le=65535)] = podenv.GRPC_PORT
+    """Service port for Triton's gRPC endpoint."""
     metrics: Annotated[int, Field(ge=1, le=65535)] = podenv.METRICS_PORT
+    """Service port for Triton's Prometheus metrics."""
     worker: Annotated[int, Field(ge=1, le=65535)] = podenv.HEALTH_PORT
+    """Service port for the worker's health endpoint and its Prometheus metrics."""
 
 
 class ServiceSpec(_Model):
     """The Service in front of the model's pods."""
 
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    """How the Service is exposed: inside the cluster only (ClusterIP), or also on every node's port
+    or through a cloud load balancer."""
     ports: Annotated[ServicePorts, Field(default_factory=ServicePorts, json_schema_extra={"default": {}})]
 
 
@@ -175,7 +319,11 @@ def _model_name(value: str) -> str:
 class PyTritonModelSpec(_Model):
     """What to serve and how: the worker, its Triton sidecar, replicas and placement."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [REPLICAS_XOR_AUTOSCALING]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [REPLICAS_XOR_AUTOSCALING, GPU_LIMITS_AGREE, GPU_REQUESTS_AGREE]
+        }
+    )
 
     worker: WorkerSpec
     triton: Annotated[TritonSpec, Field(default_factory=TritonSpec, json_schema_extra={"default": {}})]
@@ -188,9 +336,10 @@ class PyTritonModelSpec(_Model):
         ),
     ]
     """Names of the models the worker binds; a pod is ready once every one is loaded and attached."""
-    replicas: Annotated[int | None, Field(ge=0)] = None
-    """Fixed number of pods (1 when neither this nor autoscaling is set)."""
+    replicas: Annotated[int | None, Field(ge=0, le=MAX_REPLICAS)] = None
+    """Fixed number of pods, 0 to 1000 (1 when neither this nor autoscaling is set)."""
     autoscaling: AutoscalingSpec | None = None
+    """Let a HorizontalPodAutoscaler set the number of pods; excludes replicas."""
     gpus: Annotated[GpuSpec, Field(default_factory=GpuSpec, json_schema_extra={"default": {}})]
     shared_memory: Annotated[str | None, Field(pattern=QUANTITY_PATTERN)] = None
     """Size limit of the /dev/shm volume; derived from models, GPUs and the arena size when unset."""
@@ -199,6 +348,7 @@ class PyTritonModelSpec(_Model):
     ]
     service: Annotated[ServiceSpec, Field(default_factory=ServiceSpec, json_schema_extra={"default": {}})]
     service_account_name: str | None = None
+    """ServiceAccount the pods run as; the namespace's default when unset."""
     drain_seconds: Annotated[int, Field(ge=1, le=3600)] = podenv.DEFAULT_DRAIN_SECONDS
     """How long a stopping pod keeps serving in-flight requests before it exits."""
 
@@ -211,6 +361,15 @@ class PyTritonModelSpec(_Model):
     def _replicas_xor_autoscaling(self) -> PyTritonModelSpec:
         if self.replicas is not None and self.autoscaling is not None:
             raise ValueError(REPLICAS_XOR_AUTOSCALING["message"])
+        return self
+
+    @model_validator(mode="after")
+    def _gpu_resources_agree(self) -> PyTritonModelSpec:
+        for part, rule in (("limits", GPU_LIMITS_AGREE), ("requests", GPU_REQUESTS_AGREE)):
+            for name, amount in self.worker.resources.get(part, {}).items():
+                is_gpu = name == GPU_RESOURCE or name.startswith(f"{GPU_RESOURCE_PREFIX}mig-")
+                if is_gpu and (name != self.gpus.resource_name or str(amount) != str(self.gpus.count)):
+                    raise ValueError(rule["message"])
         return self
 
     @property
@@ -243,24 +402,35 @@ class Condition(_Model):
     """A status condition in the usual Kubernetes shape."""
 
     type: str
+    """Ready (every wanted pod serves every model), Progressing (pods are being created or rolled out)
+    or Degraded (a problem, named by reason, keeps pods from serving)."""
     status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds."""
     reason: str = ""
+    """One word for why, e.g. InsufficientGPU, Unschedulable, ImagePullBackOff or ModelLoadFailed."""
     message: str = ""
+    """What happened, in a sentence for people."""
     last_transition_time: str | None = None
+    """When status last changed (RFC 3339)."""
 
 
 class PyTritonModelStatus(_Model):
     """What the operator observed; written by the operator only."""
 
     observed_generation: int | None = None
+    """The metadata.generation of the spec this status describes."""
     replicas: int = 0
+    """Pods of the model's Deployment, for the scale subresource."""
     ready_replicas: int = 0
+    """Pods that are ready: every declared model loaded in Triton and attached to its worker."""
     selector: str = ""
     """Label selector of the pods, for the scale subresource."""
     conditions: list[Condition] = []
+    """Ready, Progressing and Degraded."""
     url: str = ""
     """HTTP endpoint of the model's Service, inside the cluster."""
     grpc_url: str = ""
+    """gRPC endpoint of the model's Service, inside the cluster."""
 
 
 class ObjectMeta(BaseModel):
