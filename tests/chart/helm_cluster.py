@@ -139,6 +139,22 @@ def kubeconfig(server_url: str, namespace: str) -> str:
     )
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML that refuses a mapping with a key twice: Kubernetes would keep one of the two silently."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        keys = [self.construct_object(key, deep=deep) for key, _ in node.value]
+        repeated = sorted({str(key) for key in keys if keys.count(key) > 1})
+        if repeated:
+            raise yaml.constructor.ConstructorError(None, None, f"repeated keys {repeated}", node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_manifests(text: str) -> list[dict[str, Any]]:
+    """The objects of a rendered manifest, each mapping checked for repeated keys."""
+    return [doc for doc in yaml.load_all(text, Loader=_UniqueKeyLoader) if doc]
+
+
 @dataclass
 class Installed:
     """A release installed into a fresh emulator: Helm's record of it and what the cluster holds."""
@@ -149,7 +165,7 @@ class Installed:
 
     def manifest(self) -> list[dict[str, Any]]:
         """The objects Helm rendered for the release (hooks excluded), from its release record."""
-        return [doc for doc in yaml.safe_load_all(self.release["manifest"]) if doc]
+        return load_manifests(self.release["manifest"])
 
     def find(self, kind: str, name: str | None = None) -> list[dict[str, Any]]:
         return [
@@ -209,7 +225,7 @@ async def install(
         return Installed(
             release=result,
             objects=cluster.stored(),
-            hooks=[doc for hook in result.get("hooks") or [] for doc in yaml.safe_load_all(hook["manifest"])],
+            hooks=[doc for hook in result.get("hooks") or [] for doc in load_manifests(hook["manifest"])],
         )
 
 

@@ -33,6 +33,9 @@ def _script(command: list[str]) -> str:
     return command[2]
 
 
+TEST_NAMES = {"defaults": "kubetriton-test", "customized": "triton-operator-test"}
+
+
 @pytest.mark.parametrize(
     ("name", "namespace", "image"),
     [
@@ -87,7 +90,7 @@ def test_the_test_pod_is_restricted() -> None:
     spec = pod["spec"]
     (container,) = spec["containers"]
     assert spec["restartPolicy"] == "Never"
-    assert spec["automountServiceAccountToken"] is False
+    assert spec["serviceAccountName"] == "kubetriton-test"
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] > 0
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
@@ -108,16 +111,53 @@ def test_the_hook_model_answers_the_hook_client(tmp_path: Path) -> None:
         **{f"PYTRITON_TRITON_CONFIG_{key}": str(port) for key, port in ports.items()},
     }
     cluster_url = naming.http_url(model["metadata"]["name"], model["metadata"]["namespace"])
-    client = _script(pod["spec"]["containers"][0]["command"]).replace(cluster_url, f"http://127.0.0.1:{http}")
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[3:] == ["adopt", "query", "clean"]
+    client = _script(command).replace(cluster_url, f"http://127.0.0.1:{http}")
     server = subprocess.Popen(
         [sys.executable, "-c", _script(model["spec"]["worker"]["command"])], env=environment, cwd=tmp_path
     )
     try:
         answer = subprocess.run(
-            [sys.executable, "-c", client], capture_output=True, text=True, timeout=120, cwd=tmp_path
+            [sys.executable, "-c", client, "query"], capture_output=True, text=True, timeout=120, cwd=tmp_path
         )
     finally:
         server.terminate()
         server.wait(30)
     assert answer.returncode == 0, answer.stderr[-2000:]
     assert "identity holds" in answer.stdout
+
+
+@pytest.mark.parametrize(("name", "namespace"), [("defaults", NAMESPACE), ("customized", "models")])
+def test_the_test_may_touch_only_its_own_objects_which_uninstall_removes(name: str, namespace: str) -> None:
+    """The test's ServiceAccount, Role and binding are release objects (uninstall deletes them, and with
+    the ServiceAccount everything the test Pod made depend on it); each rule names one object."""
+    release = installed(name)
+    model, pod = _hooks(name)
+    test_name = TEST_NAMES[name]
+    manifest = {(obj["kind"], obj["metadata"]["name"]) for obj in release.manifest()}
+    assert {("ServiceAccount", test_name), ("Role", test_name), ("RoleBinding", test_name)} <= manifest
+    role = release.one("Role", test_name)
+    assert role["metadata"]["namespace"] == namespace == pod["metadata"]["namespace"]
+    assert pod["spec"]["serviceAccountName"] == test_name
+    granted = {
+        (resource, name_, verb)
+        for rule in role["rules"]
+        for resource in rule["resources"]
+        for name_ in rule["resourceNames"]
+        for verb in rule["verbs"]
+    }
+    model_name = model["metadata"]["name"]
+    assert granted == {
+        ("pytritonmodels", model_name, "get"),
+        ("pytritonmodels", model_name, "patch"),
+        ("pytritonmodels", model_name, "delete"),
+        ("pods", test_name, "get"),
+        ("pods", test_name, "patch"),
+        ("serviceaccounts", test_name, "get"),
+    }
+    (binding,) = [b for b in release.find("RoleBinding", test_name)]
+    assert binding["roleRef"]["name"] == test_name
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": test_name, "namespace": namespace}]
+    for obj in (model, pod, role, binding):
+        assert obj["metadata"]["labels"]["app.kubernetes.io/component"] == "test"

@@ -119,7 +119,7 @@ def test_customized_values_reach_the_pod() -> None:
     assert pod["priorityClassName"] == values["priorityClassName"]
     assert deployment["spec"]["template"]["metadata"]["labels"]["team"] == "ml"
     assert deployment["spec"]["template"]["metadata"]["annotations"] == values["podAnnotations"]
-    account = installed("customized").one("ServiceAccount")
+    account = installed("customized").one("ServiceAccount", "triton-operator-sa")
     assert account["metadata"]["name"] == "triton-operator-sa"
     assert account["metadata"]["annotations"]["example.com/role"] == "operator"
 

@@ -17,18 +17,42 @@
 {{- end }}
 {{- end }}
 
+{{/* The labels of the release's objects: those of the operator, and those of `helm test` (component: test). */}}
 {{- define "kubetriton.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "kubetriton.releaseLabels" . }}
 {{ include "kubetriton.selectorLabels" . }}
+{{- end }}
+
+{{- define "kubetriton.testLabels" -}}
+{{ include "kubetriton.releaseLabels" . }}
+{{ include "kubetriton.identityLabels" . }}
+app.kubernetes.io/component: test
+{{- end }}
+
+{{- define "kubetriton.releaseLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
-{{/* The component label keeps the operator's selector apart from models' pods, which share the instance label's key. */}}
-{{- define "kubetriton.selectorLabels" -}}
+{{- define "kubetriton.identityLabels" -}}
 app.kubernetes.io/name: {{ include "kubetriton.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The component label keeps the operator's selector apart from models' pods, which share the instance label's key. */}}
+{{- define "kubetriton.selectorLabels" -}}
+{{ include "kubetriton.identityLabels" . }}
 app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The names of `helm test`'s objects: its model, its Pod, and the ServiceAccount that both depend on. */}}
+{{- define "kubetriton.testModel" -}}
+{{- printf "smoke-%s" .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kubetriton.testName" -}}
+{{- printf "%s-test" (include "kubetriton.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{- define "kubetriton.serviceAccountName" -}}
