@@ -28,8 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "kubetriton"
 EXAMPLES = REPO / "examples"
 GROUP, VERSION, PLURAL = "kubetriton.dev", "v1alpha1", "pytritonmodels"
+API_VERSION = f"{GROUP}/{VERSION}"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
+MODEL_PODS = "app.kubernetes.io/name=pytriton-model"
 
 T = TypeVar("T")
 
@@ -43,6 +45,12 @@ class Settings:
     namespace: str
     models_namespace: str
     ready_timeout_s: float
+
+    @property
+    def test_timeout_s(self) -> float:
+        """The longest a test may take: the rollout test waits for readiness up to six times, and for
+        the load to start."""
+        return 6 * self.ready_timeout_s + 600
 
     @classmethod
     def from_environment(cls) -> Settings:
@@ -177,6 +185,33 @@ class Cluster:
         ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
         current = status.get("observedGeneration") == model["metadata"].get("generation")
         return model if ready and current else None
+
+    def model_pods(self, name: str, namespace: str) -> dict[str, Any]:
+        """The model's pods by name, terminating ones included."""
+        selector = f"{MODEL_PODS},{INSTANCE_LABEL}={name}"
+        listed = self.core.list_namespaced_pod(namespace, label_selector=selector)
+        return {pod.metadata.name: pod for pod in listed.items}
+
+    def wait_until_serving(self, name: str, namespace: str, replicas: int, timeout_s: float) -> None:
+        """Until the model is Ready with `replicas` pods, none of them stopping."""
+        wait_for(lambda: self.replaced(name, namespace, set(), replicas), timeout_s, f"{name} Ready")
+
+    def replaced(self, name: str, namespace: str, before: set[str], replicas: int) -> set[str] | None:
+        """The pods of `before` that are gone, once the model is Ready again with `replicas` pods, none
+        stopping, and its pods differ from `before`; None until then."""
+        pods = self.model_pods(name, namespace)
+        settled = (
+            self.ready_model(name, namespace) is not None
+            and len(pods) == replicas
+            and not any(pod.metadata.deletion_timestamp for pod in pods.values())
+            and set(pods) != before
+        )
+        return before - set(pods) if settled else None
+
+    def delete_one_pod(self, name: str, namespace: str) -> None:
+        """`kubectl delete pod` of one of the model's pods, with its termination grace."""
+        victim = sorted(self.model_pods(name, namespace))[0]
+        self.core.delete_namespaced_pod(victim, namespace)
 
     def children(self, name: str, namespace: str) -> dict[str, list[str]]:
         """What still exists of a model, by kind: its Deployment, Service, PDB, HPA and pods."""

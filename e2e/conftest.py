@@ -5,6 +5,7 @@ checking that what the release created is gone and that the CRD was kept, as the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 from collections.abc import Iterator
@@ -29,12 +30,17 @@ def _missing() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip every e2e test, saying why, without a cluster; with one, give each the time its waits add up to
+    (the suite's default limit is for tests that run in CI)."""
     reason = _missing()
-    if reason is None:
-        return
+    marker = (
+        pytest.mark.skip(reason=reason)
+        if reason
+        else pytest.mark.timeout(Settings.from_environment().test_timeout_s)
+    )
     for item in items:
         if item.nodeid.startswith("e2e/"):
-            item.add_marker(pytest.mark.skip(reason=reason))
+            item.add_marker(marker)
 
 
 @pytest.fixture(scope="session")
@@ -67,15 +73,29 @@ def release(settings: Settings, cluster: Cluster, helm_config: Any) -> Iterator[
     import helm_sdkpy  # see helm_config
 
     crd_existed = cluster.crd() is not None
-    installed = asyncio.run(
-        helm_sdkpy.Install(helm_config).run(
-            RELEASE, str(CHART), values=_helm_values(settings), create_namespace=True, wait=True, timeout=300
+    uninstall = helm_sdkpy.Uninstall(helm_config)
+    with contextlib.suppress(helm_sdkpy.HelmError):  # left by a run that was killed before its teardown
+        asyncio.run(uninstall.run(RELEASE, wait=True, timeout=300))
+    try:
+        installed = asyncio.run(
+            helm_sdkpy.Install(helm_config).run(
+                RELEASE,
+                str(CHART),
+                values=_helm_values(settings),
+                create_namespace=True,
+                wait=True,
+                timeout=300,
+                take_ownership=crd_existed,  # a CRD kept by an earlier release, or applied with kubectl
+            )
         )
-    )
+    except helm_sdkpy.HelmError:
+        with contextlib.suppress(helm_sdkpy.HelmError):  # so that the next run can use the name again
+            asyncio.run(uninstall.run(RELEASE, wait=True, timeout=300))
+        raise
     cluster.ensure_namespace(settings.models_namespace)
     yield installed
 
-    asyncio.run(helm_sdkpy.Uninstall(helm_config).run(RELEASE, wait=True, timeout=300))
+    asyncio.run(uninstall.run(RELEASE, wait=True, timeout=300))
     left = kubectl(
         "get",
         "deployments,serviceaccounts,roles,rolebindings",

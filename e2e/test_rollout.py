@@ -1,86 +1,141 @@
-"""A rollout under load loses no request: while a Pod in the cluster queries the identity model through
-its Service without pause, the model's worker image changes (KUBETRITON_E2E_IMAGE_IDENTITY_NEXT; without
-it, an environment variable changes, which rolls the pods the same way). Every request must succeed.
+"""Pods of a model stop under load without a failed request.
+
+A Pod in the cluster (`e2e/loadgen.py`, run by the worker image) queries a two-model worker through its
+Service without pause, with four kinds of clients at once. Meanwhile the model's pods are stopped in every
+way a user stops them: a rolling update of two replicas (the worker image changes when
+KUBETRITON_E2E_IMAGE_IDENTITY_NEXT names a second image, otherwise an environment variable), `kubectl delete
+pod` of one of two, scaling from two to one, and a rolling update of one replica. Each step waits until
+the stopped pods are gone. The model's spec uses the documented defaults (drain budget, preStop).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from e2e import loadgen
-from e2e.cluster import Cluster, Settings, example_image, kubectl, load_example, wait_for
+from e2e.cluster import API_VERSION, Cluster, Settings, example_image, kubectl, wait_for
 
+NAME = "zero-downtime"
 LOAD_POD = "kubetriton-e2e-load"
+LOAD_LIMIT_S = 3600
+"""The load runs until the test deletes its pod; this only bounds it should the test be killed."""
+MODEL, STREAM_MODEL = "Identity", "Stream"
+PLAIN_HTTP = "tritonclient http keep-alive"
+SERVE = f"""
+import time
+
+import numpy as np
+from pytriton.decorators import batch
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton
 
 
-def _summary(log: str) -> dict[str, Any]:
-    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
-    return lines[-1]
+@batch
+def identity(data):
+    return {{"data": data}}
 
 
-def test_rollout_under_load_fails_no_request(
+def stream(requests):
+    for step in range(3):
+        time.sleep(0.1)
+        yield [{{"y": request["x"] + step}} for request in requests]
+
+
+with Triton() as triton:
+    data = [Tensor(name="data", dtype=np.float32, shape=(-1,))]
+    triton.bind("{MODEL}", identity, data, data, config=ModelConfig(max_batch_size=8))
+    triton.bind("{STREAM_MODEL}", stream, [Tensor(name="x", dtype=np.float32, shape=(1,))],
+                [Tensor(name="y", dtype=np.float32, shape=(1,))],
+                config=ModelConfig(batching=False, decoupled=True))
+    triton.serve()
+"""
+
+
+def _model(image: str, replicas: int, generation: int) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "PyTritonModel",
+        "metadata": {"name": NAME},
+        "spec": {
+            "worker": {
+                "image": image,
+                "command": ["python", "-c", SERVE],
+                "env": [{"name": "ROLLOUT", "value": str(generation)}],
+                "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+            },
+            "models": [MODEL, STREAM_MODEL],
+            "replicas": replicas,
+        },
+    }
+
+
+def _latest(log: str) -> dict[str, Any]:
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith('{"at"')]
+    return lines[-1]["clients"] if lines else {}
+
+
+def test_pods_stop_under_load_without_a_failed_request(
     release: dict[str, Any], cluster: Cluster, settings: Settings
 ) -> None:
-    image = example_image("identity")
-    if image is None:
-        pytest.skip("set KUBETRITON_E2E_IMAGE_IDENTITY to the image built for examples/identity")
-    load_seconds = float(os.environ.get("KUBETRITON_E2E_LOAD_SECONDS", "300"))
     namespace = settings.models_namespace
-    model = load_example("identity", image)
-    name = model["metadata"]["name"] = "identity-rollout"
-    model_name = model["spec"]["models"][0]
-    cluster.apply_model(model, namespace)
+    images = [settings.worker_image, example_image("identity_next") or settings.worker_image]
+    generation = 0
+    cluster.apply_model(_model(images[0], 2, generation), namespace)
+    stopped_pods = 0
     try:
-        wait_for(lambda: cluster.ready_model(name, namespace), settings.ready_timeout_s, f"{name} Ready")
-        url = f"http://{name}.{namespace}.svc:8000"
+        cluster.wait_until_serving(NAME, namespace, 2, settings.ready_timeout_s)
         source = Path(loadgen.__file__).read_text()
+        service = f"{NAME}.{namespace}.svc"
+        urls = [f"http://{service}:8000", f"grpc://{service}:8001"]
         cluster.run_pod(
             LOAD_POD,
             namespace,
             settings.worker_image,
-            ["python", "-c", source, url, model_name, str(load_seconds)],
+            ["python", "-c", source, *urls, MODEL, STREAM_MODEL, str(LOAD_LIMIT_S)],
         )
-        wait_for(lambda: '"started"' in cluster.pod_log(LOAD_POD, namespace), 300, "the load to start")
+        wait_for(lambda: '"at"' in cluster.pod_log(LOAD_POD, namespace), 600, "the load to start")
+        time.sleep(5)
 
-        next_image = example_image("identity_next")
-        worker = model["spec"]["worker"]
-        if next_image:
-            worker["image"] = next_image
-        else:
-            worker["env"] = [
-                *worker.get("env", []),
-                {"name": "KUBETRITON_E2E_ROLL", "value": str(time.time())},
-            ]
-        cluster.apply_model(model, namespace)
-        kubectl(
-            "rollout",
-            "status",
-            f"deployment/{name}",
-            "-n",
-            namespace,
-            f"--timeout={settings.ready_timeout_s:.0f}s",
-        )
-        wait_for(
-            lambda: cluster.ready_model(name, namespace), settings.ready_timeout_s, f"{name} Ready again"
-        )
-        assert cluster.pod_phase(LOAD_POD, namespace) == "Running", (
-            "the rollout outlasted the load: raise KUBETRITON_E2E_LOAD_SECONDS"
-        )
+        def roll(replicas: int) -> None:
+            nonlocal generation
+            generation += 1
+            cluster.apply_model(_model(images[generation % 2], replicas, generation), namespace)
 
-        wait_for(
-            lambda: cluster.pod_phase(LOAD_POD, namespace) in ("Succeeded", "Failed"),
-            load_seconds + 120,
-            "the load to finish",
-        )
-        summary = _summary(cluster.pod_log(LOAD_POD, namespace))
-        assert summary["ok"] > 0
-        assert summary["failed"] == 0, summary["failures"]
+        steps = [
+            ("rolling update of two replicas", 2, lambda: roll(2)),
+            ("kubectl delete pod, one of two", 2, lambda: cluster.delete_one_pod(NAME, namespace)),
+            ("scaling from two to one", 1, lambda: roll(1)),
+            ("rolling update of one replica", 1, lambda: roll(1)),
+        ]
+        for step, replicas, act in steps:
+            before = set(cluster.model_pods(NAME, namespace))
+            act()
+            stopped = wait_for(
+                lambda before=before, replicas=replicas: cluster.replaced(NAME, namespace, before, replicas),
+                settings.ready_timeout_s,
+                f"{step}: the stopped pods to be gone and {replicas} new ones to serve",
+            )
+            stopped_pods += len(stopped)
+            so_far = _latest(cluster.pod_log(LOAD_POD, namespace))
+            print(f"{step}: {len(stopped)} pod(s) stopped; so far {json.dumps(so_far)}")
+        time.sleep(3)
+        outcome = _latest(cluster.pod_log(LOAD_POD, namespace))
+        load_log = cluster.pod_log(LOAD_POD, namespace)
+        assert cluster.pod_phase(LOAD_POD, namespace) == "Running", load_log[-2000:]
     finally:
         cluster.delete_pod(LOAD_POD, namespace)
-        kubectl("delete", "pytritonmodel", name, "-n", namespace, "--ignore-not-found", "--wait=true")
+        kubectl("delete", "pytritonmodel", NAME, "-n", namespace, "--ignore-not-found", "--wait=true")
+    print(f"{stopped_pods} pods stopped under load: {json.dumps(outcome, indent=1)}")
+    assert set(outcome) == {"ModelClient http", "ModelClient grpc", PLAIN_HTTP, "DecoupledModelClient stream"}
+    for name, counts in outcome.items():
+        assert counts["ok"] > 0, f"{name} got no answer"
+        if name == PLAIN_HTTP:
+            # Triton cannot end an HTTP/1.1 connection between two requests: a client that never renews its
+            # connection loses it when a pod it is connected to stops, with the request it is sending then.
+            assert counts["failed"] <= stopped_pods, counts
+            assert not any("No worker is attached" in failure for failure in counts["failures"]), counts
+        else:
+            assert counts["failed"] == 0, f"{name}: {counts}"
