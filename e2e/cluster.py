@@ -194,19 +194,17 @@ class Cluster:
 
     def wait_until_serving(self, name: str, namespace: str, replicas: int, timeout_s: float) -> None:
         """Until the model is Ready with `replicas` pods, none of them stopping."""
-        wait_for(lambda: self.replaced(name, namespace, set(), replicas), timeout_s, f"{name} Ready")
+        wait_for(lambda: self.settled(name, namespace, set(), replicas), timeout_s, f"{name} Ready")
 
-    def replaced(self, name: str, namespace: str, before: set[str], replicas: int) -> set[str] | None:
-        """The pods of `before` that are gone, once the model is Ready again with `replicas` pods, none
-        stopping, and its pods differ from `before`; None until then."""
+    def settled(self, name: str, namespace: str, before: set[str], replicas: int) -> bool:
+        """Whether the model is Ready with `replicas` pods, none stopping, and not the pods `before`."""
         pods = self.model_pods(name, namespace)
-        settled = (
+        return (
             self.ready_model(name, namespace) is not None
             and len(pods) == replicas
             and not any(pod.metadata.deletion_timestamp for pod in pods.values())
             and set(pods) != before
         )
-        return before - set(pods) if settled else None
 
     def delete_one_pod(self, name: str, namespace: str) -> None:
         """`kubectl delete pod` of one of the model's pods, with its termination grace."""

@@ -113,11 +113,12 @@ def test_pods_stop_under_load_without_a_failed_request(
         for step, replicas, act in steps:
             before = set(cluster.model_pods(NAME, namespace))
             act()
-            stopped = wait_for(
-                lambda before=before, replicas=replicas: cluster.replaced(NAME, namespace, before, replicas),
+            wait_for(
+                lambda before=before, replicas=replicas: cluster.settled(NAME, namespace, before, replicas),
                 settings.ready_timeout_s,
-                f"{step}: the stopped pods to be gone and {replicas} new ones to serve",
+                f"{step}: the stopped pods to be gone and {replicas} to serve",
             )
+            stopped = before - set(cluster.model_pods(NAME, namespace))
             stopped_pods += len(stopped)
             so_far = _latest(cluster.pod_log(LOAD_POD, namespace))
             print(f"{step}: {len(stopped)} pod(s) stopped; so far {json.dumps(so_far)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -27,13 +27,14 @@ from pytriton.client import (
     PyTritonClientQueueFullError,
     PyTritonClientTimeoutError,
     PyTritonClientValueError,
+    _protocol,
 )
 from pytriton.client._protocol import parse_url
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy.types import Request
 from pytriton.triton import Triton, TritonConfig
 
-from tests.conftest import free_ports
+from tests.conftest import ServicePort, free_ports
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 31000, 31001, 31002
 REFUSED_PORT = 31099
@@ -182,6 +183,46 @@ def test_sample_and_batch(triton: Triton, url: str) -> None:
         assert client.is_batching_supported
         assert client.model_config.max_batch_size == 8
         assert [spec.name for spec in client.model_config.inputs] == ["x"]
+
+
+def _requests_through_a_service(monkeypatch: pytest.MonkeyPatch, send: Callable[[str, int], None]) -> int:
+    """Send requests for a while through a stand-in for a Service, HTTP connections aging fast; how many
+    connections the client opened."""
+    monkeypatch.setattr(_protocol, "HTTP_CONNECTION_MAX_AGE_S", 0.2)
+    service = ServicePort(HTTP_PORT)
+    try:
+        send(f"http://127.0.0.1:{service.port}", 12)
+    finally:
+        service.close()
+    return service.connections
+
+
+def test_model_client_renews_its_http_connection(triton: Triton, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton cannot end a keep-alive connection between requests, so a client whose connection outlived
+    HTTP_CONNECTION_MAX_AGE_S opens a new one (the Service then routes it to a pod that is not stopping)."""
+
+    def send(url: str, count: int) -> None:
+        with ModelClient(url, "double", init_timeout_s=30) as client:
+            for value in range(count):
+                answer = client.infer_sample(np.array([value], dtype=np.float32))
+                np.testing.assert_array_equal(answer["y"], [2.0 * value])
+                time.sleep(0.05)
+
+    assert _requests_through_a_service(monkeypatch, send) >= 3
+
+
+def test_asyncio_client_renews_its_http_connection(triton: Triton, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def requests(url: str, count: int) -> None:
+        async with AsyncioModelClient(url, "double", init_timeout_s=30) as client:
+            for value in range(count):
+                both = await asyncio.gather(
+                    *(client.infer_sample(np.array([value + k], dtype=np.float32)) for k in (0, 100))
+                )
+                assert [float(answer["y"][0]) for answer in both] == [2.0 * value, 2.0 * (value + 100)]
+                await asyncio.sleep(0.05)
+            assert not client._retired, "a replaced connection was left open"
+
+    assert _requests_through_a_service(monkeypatch, lambda url, count: asyncio.run(requests(url, count))) >= 3
 
 
 @BOTH_URLS

@@ -35,6 +35,11 @@ DEFAULT_INIT_TIMEOUT_S = 300.0
 DEFAULT_INFERENCE_TIMEOUT_S = 60.0
 READINESS_POLL_S = 0.25
 READINESS_PROBE_TIMEOUT_S = 5.0
+HTTP_CONNECTION_MAX_AGE_S = 5.0
+"""An HTTP connection older than this is replaced before the next request. A server cannot end an HTTP/1.1
+keep-alive connection between two requests (Triton has no way to), so renewing it is what moves a client
+off a stopping pod: the Service sends each new connection to a pod that is not stopping. gRPC needs no
+such care: the server ends its connections with GOAWAY (see `kubetriton.podenv.GRPC_MAX_CONNECTION_AGE_S`)."""
 
 _DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "https": 443, "grpcs": 443}
 _request_ids = itertools.count(1)

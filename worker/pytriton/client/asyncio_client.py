@@ -65,6 +65,10 @@ class AsyncioModelClient(_protocol.ModelAddress):
         self._model_ready = not ensure_model_is_ready
         self._access_token = access_token
         self._client: Any = None
+        self._connected_at = 0.0
+        self._in_flight: dict[Any, int] = {}
+        self._retired: list[Any] = []
+        """HTTP clients replaced for their age, each closed once its requests in flight are answered."""
         self._init_lock = asyncio.Lock()
         self._closed = False
 
@@ -85,9 +89,11 @@ class AsyncioModelClient(_protocol.ModelAddress):
         if self._closed:
             return
         self._closed = True
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+        clients = [*self._retired, self._client]
+        self._client, self._retired = None, []
+        for client in clients:
+            if client is not None:
+                await client.close()
 
     @property
     def model_config(self) -> Awaitable[TritonModelConfig]:
@@ -143,6 +149,7 @@ class AsyncioModelClient(_protocol.ModelAddress):
     def _connection(self) -> Any:
         self._check_open()
         if self._client is None:
+            self._connected_at = time.monotonic()
             if self._is_grpc:
                 self._client = tritonclient.grpc.aio.InferenceServerClient(
                     self._endpoint.address, ssl=self._endpoint.ssl
@@ -187,6 +194,10 @@ class AsyncioModelClient(_protocol.ModelAddress):
         strip_batch_axis: bool,
     ) -> dict[str, np.ndarray]:
         client = self._connection()
+        if not self._is_grpc and time.monotonic() - self._connected_at > _protocol.HTTP_CONNECTION_MAX_AGE_S:
+            self._retired.append(client)
+            self._client = None
+            client = self._connection()
         module: Any = tritonclient.grpc if self._is_grpc else tritonclient.http
         binary = not self._is_grpc
         kwargs: dict[str, Any] = {"client_timeout": self._inference_timeout_s} if self._is_grpc else {}
@@ -200,8 +211,19 @@ class AsyncioModelClient(_protocol.ModelAddress):
             parameters=dict(parameters) if parameters else None,
             **kwargs,
         )
-        result = await self._call(call, self._inference_timeout_s)
+        self._in_flight[client] = self._in_flight.get(client, 0) + 1
+        try:
+            result = await self._call(call, self._inference_timeout_s)
+        finally:
+            self._in_flight[client] -= 1
+            await self._close_idle_retired()
         return _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
+
+    async def _close_idle_retired(self) -> None:
+        for client in [client for client in self._retired if not self._in_flight.get(client)]:
+            self._retired.remove(client)
+            self._in_flight.pop(client, None)
+            await client.close()
 
     async def _initialize(self) -> TritonModelConfig:
         self._check_open()

@@ -35,11 +35,6 @@ from pytriton.client.exceptions import (
 from pytriton.client.triton_model_config import TritonModelConfig
 
 _T = TypeVar("_T")
-HTTP_CONNECTION_MAX_AGE_S = 5.0
-"""An HTTP connection older than this is replaced before the next request. A server cannot end an HTTP/1.1
-keep-alive connection between two requests (Triton has no way to), so renewing it is what moves a client
-off a stopping pod: the Service sends each new connection to a pod that is not stopping. gRPC needs no
-such care: the server ends its connections with GOAWAY (see `kubetriton.podenv.GRPC_MAX_CONNECTION_AGE_S`)."""
 _STREAM_GRACE_S = 5.0
 _SLOT_POLL_S = 0.1
 
@@ -114,7 +109,7 @@ class _Transport:
         headers: dict[str, str],
     ) -> Any:
         binary = not self.is_grpc
-        if binary and time.monotonic() - self._connected_at > HTTP_CONNECTION_MAX_AGE_S:
+        if binary and time.monotonic() - self._connected_at > _protocol.HTTP_CONNECTION_MAX_AGE_S:
             self.client.close()
             self.client = self._connect()
         return self.client.infer(
