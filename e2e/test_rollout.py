@@ -99,16 +99,16 @@ def test_pods_stop_under_load_without_a_failed_request(
         wait_for(lambda: '"at"' in cluster.pod_log(LOAD_POD, namespace), 600, "the load to start")
         time.sleep(5)
 
-        def roll(replicas: int) -> None:
+        def roll(replicas: int, *, new_pods: bool) -> None:
             nonlocal generation
-            generation += 1
+            generation += new_pods
             cluster.apply_model(_model(images[generation % 2], replicas, generation), namespace)
 
         steps = [
-            ("rolling update of two replicas", 2, lambda: roll(2)),
+            ("rolling update of two replicas", 2, lambda: roll(2, new_pods=True)),
             ("kubectl delete pod, one of two", 2, lambda: cluster.delete_one_pod(NAME, namespace)),
-            ("scaling from two to one", 1, lambda: roll(1)),
-            ("rolling update of one replica", 1, lambda: roll(1)),
+            ("scaling from two to one", 1, lambda: roll(1, new_pods=False)),
+            ("rolling update of one replica", 1, lambda: roll(1, new_pods=True)),
         ]
         for step, replicas, act in steps:
             before = set(cluster.model_pods(NAME, namespace))

@@ -197,6 +197,18 @@ def _requests_through_a_service(monkeypatch: pytest.MonkeyPatch, send: Callable[
     return service.connections
 
 
+@BOTH_URLS
+def test_a_client_handed_to_another_thread_keeps_answering(triton: Triton, url: str) -> None:
+    """One thread at a time, not always the same one: an HTTP connection made in one thread cannot be waited
+    on in another (gevent), so the client makes a new one there."""
+    with ModelClient(url, "double", init_timeout_s=30) as client:
+        np.testing.assert_array_equal(client.infer_sample(np.array([1.0], np.float32))["y"], [2.0])
+        with concurrent.futures.ThreadPoolExecutor(1) as other_thread:
+            answer = other_thread.submit(client.infer_sample, np.array([2.0], np.float32)).result()
+        np.testing.assert_array_equal(answer["y"], [4.0])
+        np.testing.assert_array_equal(client.infer_sample(np.array([3.0], np.float32))["y"], [6.0])
+
+
 def test_model_client_renews_its_http_connection(triton: Triton, monkeypatch: pytest.MonkeyPatch) -> None:
     """Triton cannot end a keep-alive connection between requests, so a client whose connection outlived
     HTTP_CONNECTION_MAX_AGE_S opens a new one (the Service then routes it to a pod that is not stopping)."""

@@ -50,6 +50,7 @@ class _Transport:
 
     def _connect(self) -> Any:
         self._connected_at = time.monotonic()
+        self._connected_in = threading.get_ident()
         if self.is_grpc:
             return tritonclient.grpc.InferenceServerClient(self.endpoint.address, ssl=self.endpoint.ssl)
         return tritonclient.http.InferenceServerClient(
@@ -109,7 +110,7 @@ class _Transport:
         headers: dict[str, str],
     ) -> Any:
         binary = not self.is_grpc
-        if binary and time.monotonic() - self._connected_at > _protocol.HTTP_CONNECTION_MAX_AGE_S:
+        if binary and self._stale():
             self.client.close()
             self.client = self._connect()
         return self.client.infer(
@@ -122,6 +123,13 @@ class _Transport:
             parameters=dict(parameters) if parameters else None,
             **self._timeout_kwargs(),
         )
+
+    def _stale(self) -> bool:
+        """Whether the HTTP connection must be replaced before the next request: it is older than
+        HTTP_CONNECTION_MAX_AGE_S, or it was made in another thread (its gevent socket belongs to that
+        thread's hub, and waiting on it here fails)."""
+        too_old = time.monotonic() - self._connected_at > _protocol.HTTP_CONNECTION_MAX_AGE_S
+        return too_old or self._connected_in != threading.get_ident()
 
     def close(self) -> None:
         self.client.close()
