@@ -16,6 +16,7 @@ the pod stops, clients keep the connections they have across SIGTERM, and no req
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -194,6 +195,9 @@ class Pod:
         return (self.tmp_path / f"{name}.log").read_text(errors="replace")
 
     def stop(self) -> None:
+        """SIGTERM to each container's first process, then, as a container runtime does once that has
+        exited, SIGKILL to whatever is left in the container (Python-backend stubs of a Triton that exited
+        without unloading its models)."""
         for process in self.processes.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -202,6 +206,8 @@ class Pod:
                 process.wait(40)
             except subprocess.TimeoutExpired:
                 process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
 
 
 class Load:
