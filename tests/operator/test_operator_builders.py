@@ -81,9 +81,23 @@ SCENARIOS: list[tuple[str, dict[str, Any], bool, list[str], list[str]]] = [
                 "command": ["python", "serve.py"],
                 "args": ["--x"],
                 "imagePullPolicy": "Always",
-                "env": [{"name": "A", "value": "1"}],
+                "env": [
+                    {"name": "A", "value": "1"},
+                    {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub", "key": "token"}}},
+                ],
+                "envFrom": [{"configMapRef": {"name": "settings"}, "prefix": "APP_"}],
+                "volumeMounts": [{"name": "weights", "mountPath": "/models", "readOnly": True}],
                 "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "4Gi"}},
             },
+            "volumes": [
+                {"name": "weights", "persistentVolumeClaim": {"claimName": "hf-cache", "readOnly": True}}
+            ],
+            "imagePullSecrets": [{"name": "registry"}],
+            "podLabels": {"team": "ml"},
+            "podAnnotations": {"sidecar.istio.io/inject": "false"},
+            "runtimeClassName": "nvidia",
+            "startupSeconds": 900,
+            "bootstrap": {"resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}},
             "triton": {
                 "image": "t:1",
                 "args": ["--log-info=true"],
@@ -447,3 +461,41 @@ def test_autoscaler_metrics(autoscaling: dict[str, Any], metrics: list[dict[str,
     assert hpa["spec"]["metrics"] == metrics
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "esm1"}
     kubernetes_validate.validate(hpa, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_users_pod_settings_reach_the_pod() -> None:
+    """Volumes, mounts, envFrom, pull secrets, labels, annotations, runtime class and the bootstrap's
+    resources land where they belong, beside the operator's own, which keep winning."""
+    ((_, changes, *_),) = [scenario for scenario in SCENARIOS if scenario[0] == "everything set"]
+    template = _deployment(**changes)["spec"]["template"]
+    pod_spec, containers = template["spec"], _containers(_deployment(**changes))
+    assert [volume["name"] for volume in pod_spec["volumes"]] == [
+        podenv.WORKSPACE_VOLUME,
+        podenv.SHM_VOLUME,
+        "weights",
+    ]
+    assert pod_spec["volumes"][2] == changes["volumes"][0]
+    worker = containers["worker"]
+    assert worker["volumeMounts"][-1] == {"name": "weights", "mountPath": "/models", "readOnly": True}
+    assert worker["envFrom"] == [{"configMapRef": {"name": "settings"}, "prefix": "APP_"}]
+    assert {"name": "weights", "mountPath": "/models", "readOnly": True} not in containers["triton"][
+        "volumeMounts"
+    ]
+    assert pod_spec["imagePullSecrets"] == [{"name": "registry"}]
+    assert pod_spec["runtimeClassName"] == "nvidia"
+    assert template["metadata"]["labels"]["team"] == "ml"
+    assert template["metadata"]["labels"]["app.kubernetes.io/instance"] == "esm1"
+    assert template["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
+    assert containers["bootstrap"]["resources"] == {"requests": {"cpu": "100m", "memory": "64Mi"}}
+
+
+@pytest.mark.parametrize(("startup_seconds", "failures"), [(None, 240), (900, 180), (12, 3)])
+def test_a_slow_worker_start_gets_its_budget_before_liveness(
+    startup_seconds: int | None, failures: int
+) -> None:
+    changes = {} if startup_seconds is None else {"startupSeconds": startup_seconds}
+    worker = _containers(_deployment(**changes))["worker"]
+    startup = worker["startupProbe"]
+    assert startup["httpGet"] == worker["livenessProbe"]["httpGet"] == {"path": "/livez", "port": 8080}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= (startup_seconds or 1200)
+    assert startup["failureThreshold"] == failures

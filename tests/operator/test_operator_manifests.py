@@ -83,12 +83,12 @@ def test_examples_render(path: Path, capsys: pytest.CaptureFixture[str]) -> None
         kubernetes_validate.validate(document, "1.37.0", strict=True)
 
 
-def test_examples_cover_cpu_one_gpu_and_two_gpus() -> None:
-    gpus = {
-        path.parent.name: yaml.safe_load(path.read_text())["spec"].get("gpus", {}).get("count", 0)
-        for path in EXAMPLES
-    }
-    assert gpus == {"identity": 0, "esm1": 1, "multi-instance": 2}
+def test_examples_cover_cpu_one_gpu_two_gpus_and_weights_on_a_volume() -> None:
+    specs = {path.parent.name: yaml.safe_load(path.read_text())["spec"] for path in EXAMPLES}
+    gpus = {name: spec.get("gpus", {}).get("count", 0) for name, spec in specs.items()}
+    assert gpus == {"identity": 0, "esm1": 1, "multi-instance": 2, "weights-on-pvc": 0}
+    (claim,) = specs["weights-on-pvc"]["volumes"]
+    assert claim["persistentVolumeClaim"]["readOnly"] is True
 
 
 def test_render_rejects_a_bad_spec_readably(tmp_path: Path) -> None:

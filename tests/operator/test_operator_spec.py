@@ -37,6 +37,9 @@ def _worker(**fields: Any) -> dict[str, Any]:
 
 
 GPU_LIMIT = {"limits": {spec.GPU_RESOURCE: 2, "memory": "8Gi"}}
+WEIGHTS = {"name": "weights", "persistentVolumeClaim": {"claimName": "hf-cache", "readOnly": True}}
+WEIGHTS_MOUNT = {"name": "weights", "mountPath": "/models", "readOnly": True}
+BELOW_WORKSPACE = {**WEIGHTS_MOUNT, "mountPath": f"{podenv.WORKSPACE_MOUNT}/models"}
 
 RULE_CASES = [
     ("minimal spec", _with(), None, None),
@@ -136,6 +139,42 @@ RULE_CASES = [
         _with(spec__worker=_worker(resources={"requests": {spec.GPU_RESOURCE: 1}})),
         "spec.worker.resources.requests",
         spec.GPU_REQUESTS_AGREE,
+    ),
+    (
+        "weights on a claim, mounted read-only",
+        _with(spec__volumes=[WEIGHTS], spec__worker=_worker(volumeMounts=[WEIGHTS_MOUNT])),
+        None,
+        None,
+    ),
+    (
+        "a volume named like the operator's",
+        _with(spec__volumes=[{**WEIGHTS, "name": podenv.WORKSPACE_VOLUME}]),
+        "spec.volumes[0].name",
+        spec.RESERVED_VOLUME_NAME,
+    ),
+    (
+        "a mount below the workspace",
+        _with(
+            spec__volumes=[WEIGHTS],
+            spec__worker=_worker(
+                volumeMounts=[{**WEIGHTS_MOUNT, "mountPath": f"{podenv.WORKSPACE_MOUNT}/m"}]
+            ),
+        ),
+        "spec.worker.volumeMounts[0].mountPath",
+        spec.RESERVED_MOUNT_PATH,
+    ),
+    (
+        "a mount of no volume",
+        _with(spec__worker=_worker(volumeMounts=[WEIGHTS_MOUNT])),
+        "spec.worker.volumeMounts",
+        spec.MOUNTS_NAME_VOLUMES,
+    ),
+    ("a label of the user's", _with(spec__podLabels={"team": "ml"}), None, None),
+    (
+        "a label the operator sets",
+        _with(spec__podLabels={"app.kubernetes.io/instance": "other"}),
+        "spec.podLabels",
+        spec.RESERVED_LABELS,
     ),
 ]
 """Each CEL rule, with specs it admits and specs it refuses: the field the API server names, and the rule."""

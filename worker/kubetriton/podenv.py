@@ -22,6 +22,9 @@ HEALTH_PORT = 8080
 WORKSPACE_MOUNT = "/workspace"
 """The shared emptyDir: model repository, sockets and the bootstrapped runtime for the proxy."""
 SHM_MOUNT = "/dev/shm"
+WORKSPACE_VOLUME = "workspace"
+SHM_VOLUME = "dshm"
+"""The pod's own volumes, mounted at WORKSPACE_MOUNT and SHM_MOUNT in both containers."""
 SIDECAR_SHM_PREFIX = "kubetriton-sidecar-"
 """The name prefix of the sidecar's Python-backend regions in the pod's /dev/shm. A killed Triton cannot
 remove its regions, so the sidecar removes its predecessor's when it starts."""

@@ -16,9 +16,8 @@ from kubetriton.operator.spec import PyTritonModel, PyTritonModelSpec
 BOOTSTRAP_CONTAINER = "bootstrap"
 TRITON_CONTAINER = "triton"
 WORKER_CONTAINER = "worker"
-WORKSPACE_VOLUME = "workspace"
-SHM_VOLUME = "dshm"
 
+STARTUP_PROBE_PERIOD_S = 5
 PRESTOP_SECONDS = 5
 """How long a stopping pod keeps serving so that the endpoints controller can take it out of the Service."""
 SHUTDOWN_SLACK_SECONDS = 10
@@ -33,11 +32,11 @@ def _restricted_security_context() -> dict[str, Any]:
 
 
 def _workspace_mount() -> dict[str, str]:
-    return {"name": WORKSPACE_VOLUME, "mountPath": podenv.WORKSPACE_MOUNT}
+    return {"name": podenv.WORKSPACE_VOLUME, "mountPath": podenv.WORKSPACE_MOUNT}
 
 
 def _shm_mount() -> dict[str, str]:
-    return {"name": SHM_VOLUME, "mountPath": podenv.SHM_MOUNT}
+    return {"name": podenv.SHM_VOLUME, "mountPath": podenv.SHM_MOUNT}
 
 
 def _quote_with_token(argument: str) -> str:
@@ -104,6 +103,8 @@ def _bootstrap_container(spec: PyTritonModelSpec) -> dict[str, Any]:
     }
     if spec.worker.image_pull_policy:
         container["imagePullPolicy"] = spec.worker.image_pull_policy
+    if spec.bootstrap.resources:
+        container["resources"] = spec.bootstrap.resources
     return container
 
 
@@ -167,13 +168,21 @@ def _worker_container(spec: PyTritonModelSpec) -> dict[str, Any]:
         "image": spec.worker.image,
         "env": worker_environment(spec),
         "ports": [{"name": "health", "containerPort": podenv.HEALTH_PORT}],
+        "startupProbe": _http_probe(
+            "/livez",
+            podenv.HEALTH_PORT,
+            period=STARTUP_PROBE_PERIOD_S,
+            failures=-(-spec.startup_seconds // STARTUP_PROBE_PERIOD_S),
+        ),
         "readinessProbe": _http_probe("/readyz", podenv.HEALTH_PORT, period=5, failures=2),
         "livenessProbe": _http_probe("/livez", podenv.HEALTH_PORT, period=10, failures=3),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [_workspace_mount(), _shm_mount()],
+        "volumeMounts": [_workspace_mount(), _shm_mount(), *spec.worker.volume_mounts],
         "securityContext": _restricted_security_context(),
     }
+    if spec.worker.env_from:
+        container["envFrom"] = spec.worker.env_from
     if spec.worker.command:
         container["command"] = spec.worker.command
     if spec.worker.args:
@@ -198,8 +207,12 @@ def pod_template(model: PyTritonModel) -> dict[str, Any]:
         "initContainers": [_bootstrap_container(spec), _triton_container(spec)],
         "containers": [_worker_container(spec)],
         "volumes": [
-            {"name": WORKSPACE_VOLUME, "emptyDir": {}},
-            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shared_memory_limit}},
+            {"name": podenv.WORKSPACE_VOLUME, "emptyDir": {}},
+            {
+                "name": podenv.SHM_VOLUME,
+                "emptyDir": {"medium": "Memory", "sizeLimit": spec.shared_memory_limit},
+            },
+            *(volume.model_dump() for volume in spec.volumes),
         ],
         "securityContext": {
             "runAsNonRoot": True,
@@ -219,6 +232,11 @@ def pod_template(model: PyTritonModel) -> dict[str, Any]:
         "affinity": scheduling.affinity,
         "topologySpreadConstraints": scheduling.topology_spread_constraints,
         "priorityClassName": scheduling.priority_class_name,
+        "imagePullSecrets": spec.image_pull_secrets,
+        "runtimeClassName": spec.runtime_class_name,
     }
     pod_spec.update({key: value for key, value in optional.items() if value})
-    return {"metadata": {"labels": naming.labels(model.metadata.name)}, "spec": pod_spec}
+    metadata: dict[str, Any] = {"labels": {**spec.pod_labels, **naming.labels(model.metadata.name)}}
+    if spec.pod_annotations:
+        metadata["annotations"] = spec.pod_annotations
+    return {"metadata": metadata, "spec": pod_spec}

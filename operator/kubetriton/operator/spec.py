@@ -12,6 +12,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from kubetriton import podenv
+from kubetriton.operator import naming
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -50,6 +51,18 @@ QUANTITY_MAX_LENGTH = 64
 MAX_ENV_VARS = 256
 """The most extra environment variables the worker may get."""
 ENV_NAME_MAX_LENGTH = 253
+MAX_VOLUMES = 64
+"""The most volumes the pods may get, and the most mounts the worker may have."""
+MAX_PULL_SECRETS = 16
+MAX_POD_METADATA = 64
+"""The most labels, and the most annotations, the pods may get."""
+NAME_MAX_LENGTH = 253
+DEFAULT_STARTUP_SECONDS = 1200
+"""How long a worker may take to start serving its health endpoint before Kubernetes restarts it."""
+RESERVED_VOLUMES = (podenv.WORKSPACE_VOLUME, podenv.SHM_VOLUME)
+RESERVED_MOUNT_PATHS = (podenv.WORKSPACE_MOUNT, podenv.SHM_MOUNT)
+RESERVED_POD_LABELS = tuple(naming.labels("model"))
+"""Label keys the operator sets on the pods: the Deployment's selector and the operator's own mark."""
 RESERVED_WORKER_ENV = (
     podenv.ENV_MODE,
     podenv.ENV_WORKSPACE,
@@ -117,6 +130,33 @@ def _gpus_agree(part: str) -> dict[str, str]:
         reason="FieldValueInvalid",
     )
 
+
+def _one_of(values: tuple[str, ...]) -> str:
+    return f"[{', '.join(repr(value) for value in values)}]"
+
+
+RESERVED_VOLUME_NAME = _cel(
+    f"!(self in {_one_of(RESERVED_VOLUMES)})",
+    f"the operator's own volumes are named {' and '.join(RESERVED_VOLUMES)}; choose another name",
+    reason="FieldValueInvalid",
+)
+RESERVED_MOUNT_PATH = _cel(
+    " && ".join(f"self != '{path}' && !self.startsWith('{path}/')" for path in RESERVED_MOUNT_PATHS),
+    f"the operator mounts its own volumes at {' and '.join(RESERVED_MOUNT_PATHS)}; mount elsewhere",
+    reason="FieldValueInvalid",
+)
+MOUNTS_NAME_VOLUMES = _cel(
+    "!has(self.worker.volumeMounts) || self.worker.volumeMounts.all(m,"
+    " has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
+    "each of worker.volumeMounts must name one of spec.volumes",
+    field_path=".worker.volumeMounts",
+    reason="FieldValueInvalid",
+)
+RESERVED_LABELS = _cel(
+    " && ".join(f"!('{key}' in self)" for key in RESERVED_POD_LABELS),
+    f"the operator sets {', '.join(RESERVED_POD_LABELS)} on the pods; podLabels may not",
+    reason="FieldValueInvalid",
+)
 
 GPU_LIMITS_AGREE = _gpus_agree("limits")
 GPU_REQUESTS_AGREE = _gpus_agree("requests")
@@ -187,6 +227,75 @@ class ResourceRequirements(TypedDict, total=False):
     amounts as in limits."""
 
 
+def _refused(value: str, allowed: bool, rule: dict[str, str]) -> str:
+    if not allowed:
+        raise ValueError(f"{value!r}: {rule['message']}")
+    return value
+
+
+def _outside_reserved_paths(path: str) -> str:
+    inside = any(path == reserved or path.startswith(f"{reserved}/") for reserved in RESERVED_MOUNT_PATHS)
+    return _refused(path, not inside, RESERVED_MOUNT_PATH)
+
+
+@with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))
+class VolumeMount(TypedDict):
+    """Where a volume of the pod appears in the worker container (core/v1 VolumeMount)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=OBJECT_NAME_MAX_LENGTH)]
+    """The name of one of spec.volumes."""
+    mountPath: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=NAME_MAX_LENGTH,
+            json_schema_extra={"x-kubernetes-validations": [RESERVED_MOUNT_PATH]},
+        ),
+        AfterValidator(_outside_reserved_paths),
+    ]
+    """The path in the container; not the operator's own mounts (/workspace, /dev/shm) or below them."""
+    readOnly: NotRequired[bool]
+    """Mount it read-only (a volume that replicas share, such as model weights, should be)."""
+    subPath: NotRequired[Annotated[str, Field(max_length=NAME_MAX_LENGTH)]]
+    """A path inside the volume to mount instead of its root."""
+    subPathExpr: NotRequired[Annotated[str, Field(max_length=NAME_MAX_LENGTH)]]
+    """As subPath, with $(VAR) references to the container's environment expanded."""
+    mountPropagation: NotRequired[Literal["None", "HostToContainer", "Bidirectional"]]
+    """How mounts propagate between the host and the container."""
+    recursiveReadOnly: NotRequired[Literal["Disabled", "IfPossible", "Enabled"]]
+    """Whether a read-only mount makes the mounts below it read-only too."""
+
+
+class Volume(BaseModel):
+    """A volume of the pods (core/v1 Volume): a name, and one source such as persistentVolumeClaim,
+    secret, configMap, csi or emptyDir, which the API server validates."""
+
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+
+    name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=OBJECT_NAME_MAX_LENGTH,
+            json_schema_extra={"x-kubernetes-validations": [RESERVED_VOLUME_NAME]},
+        ),
+    ]
+    """The volume's name in the pod; not the operator's own (workspace, dshm)."""
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved_volume(cls, name: str) -> str:
+        return _refused(name, name not in RESERVED_VOLUMES, RESERVED_VOLUME_NAME)
+
+
+@with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))
+class LocalObjectReference(TypedDict):
+    """The name of an object in the model's namespace."""
+
+    name: Annotated[str, Field(min_length=1, max_length=NAME_MAX_LENGTH)]
+    """Its name."""
+
+
 class WorkerSpec(_Model):
     """The user's container: it imports pytriton, binds the callables and attaches to the sidecar."""
 
@@ -211,6 +320,10 @@ class WorkerSpec(_Model):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
     """When to pull the worker image (also used for the bootstrap step, which runs it); Kubernetes'
     default when unset."""
+    env_from: Annotated[list[PassThrough], Field(max_length=MAX_VOLUMES)] = []
+    """core/v1 EnvFromSource entries: every key of a ConfigMap or Secret as a variable (a hub token, say)."""
+    volume_mounts: Annotated[list[VolumeMount], Field(max_length=MAX_VOLUMES)] = []
+    """Where spec.volumes appear in the worker container, at most 64."""
 
     @field_validator("env")
     @classmethod
@@ -231,6 +344,13 @@ class TritonSpec(_Model):
     """Extra tritonserver arguments, appended after the ones kubetriton sets."""
     resources: ResourceRequirements = {}
     """Requests and limits of the Triton container; it needs no GPU."""
+
+
+class BootstrapSpec(_Model):
+    """The init step that prepares the workspace for the Triton sidecar (it runs the worker image)."""
+
+    resources: ResourceRequirements = {}
+    """Requests and limits of the bootstrap container (namespaces with a LimitRange or quota need them)."""
 
 
 class GpuSpec(_Model):
@@ -321,7 +441,12 @@ class PyTritonModelSpec(_Model):
 
     model_config = ConfigDict(
         json_schema_extra={
-            "x-kubernetes-validations": [REPLICAS_XOR_AUTOSCALING, GPU_LIMITS_AGREE, GPU_REQUESTS_AGREE]
+            "x-kubernetes-validations": [
+                REPLICAS_XOR_AUTOSCALING,
+                GPU_LIMITS_AGREE,
+                GPU_REQUESTS_AGREE,
+                MOUNTS_NAME_VOLUMES,
+            ]
         }
     )
 
@@ -350,7 +475,35 @@ class PyTritonModelSpec(_Model):
     service_account_name: str | None = None
     """ServiceAccount the pods run as; the namespace's default when unset."""
     drain_seconds: Annotated[int, Field(ge=1, le=3600)] = podenv.DEFAULT_DRAIN_SECONDS
-    """How long a stopping pod keeps serving in-flight requests before it exits."""
+    """How long a stopping pod keeps serving its clients' connections, waiting for them to move to other
+    pods, before it stops Triton."""
+    startup_seconds: Annotated[int, Field(ge=10, le=86400)] = DEFAULT_STARTUP_SECONDS
+    """How long the worker may take to start (a script that loads multi-GB weights before it creates
+    Triton()) before Kubernetes restarts it; liveness checks begin only after. Loading after Triton() has
+    no limit: the pod is simply not ready, and the status says Loading."""
+    volumes: Annotated[
+        list[Volume],
+        Field(
+            max_length=MAX_VOLUMES,
+            json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        ),
+    ] = []
+    """Volumes of the pods (core/v1 Volume: persistentVolumeClaim, secret, configMap, csi, emptyDir...),
+    each name once; worker.volumeMounts places them in the worker container."""
+    image_pull_secrets: Annotated[list[LocalObjectReference], Field(max_length=MAX_PULL_SECRETS)] = []
+    """Secrets with registry credentials, used for every image of the pod (worker, bootstrap, Triton)."""
+    pod_labels: Annotated[
+        dict[str, Annotated[str, Field(max_length=OBJECT_NAME_MAX_LENGTH)]],
+        Field(max_length=MAX_POD_METADATA, json_schema_extra={"x-kubernetes-validations": [RESERVED_LABELS]}),
+    ] = {}
+    """Extra labels of the pods (a service mesh's, a team's); not the ones the operator sets."""
+    pod_annotations: Annotated[dict[str, str], Field(max_length=MAX_POD_METADATA)] = {}
+    """Extra annotations of the pods (scraping, a mesh's sidecar settings)."""
+    runtime_class_name: Annotated[str | None, Field(max_length=NAME_MAX_LENGTH)] = None
+    """RuntimeClass of the pods (e.g. the NVIDIA container runtime's)."""
+    bootstrap: Annotated[
+        BootstrapSpec, Field(default_factory=BootstrapSpec, json_schema_extra={"default": {}})
+    ]
 
     @field_validator("models")
     @classmethod
@@ -361,6 +514,23 @@ class PyTritonModelSpec(_Model):
     def _replicas_xor_autoscaling(self) -> PyTritonModelSpec:
         if self.replicas is not None and self.autoscaling is not None:
             raise ValueError(REPLICAS_XOR_AUTOSCALING["message"])
+        return self
+
+    @field_validator("pod_labels")
+    @classmethod
+    def _not_the_operators_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        taken = sorted(set(labels) & set(RESERVED_POD_LABELS))
+        return labels if not taken else _refused(", ".join(taken), False, RESERVED_LABELS)
+
+    @model_validator(mode="after")
+    def _mounts_name_volumes(self) -> PyTritonModelSpec:
+        names = {volume.name for volume in self.volumes}
+        for mount in self.worker.volume_mounts:
+            _refused(mount["name"], mount["name"] in names, MOUNTS_NAME_VOLUMES)
+        volume_names = [volume.name for volume in self.volumes]
+        repeated = sorted({name for name in volume_names if volume_names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"volumes: each name at most once: {', '.join(repeated)} repeated")
         return self
 
     @model_validator(mode="after")
