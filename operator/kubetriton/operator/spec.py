@@ -9,6 +9,7 @@ pydantic validators so that `render` rejects the same specs that the cluster rej
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from kubetriton import podenv
@@ -187,25 +188,30 @@ Quantity = int | Annotated[str, Field(max_length=QUANTITY_MAX_LENGTH)]
 """An amount of a resource, as Kubernetes writes it: 2, "500m", "8Gi"."""
 
 
-def _not_reserved(name: str) -> str:
-    if name in RESERVED_WORKER_ENV:
-        raise ValueError(f"{name}: {RESERVED_ENV_NAME['message']}")
-    return name
+def _refused(value: str, allowed: bool, rule: dict[str, str]) -> str:
+    if not allowed:
+        raise ValueError(f"{value!r}: {rule['message']}")
+    return value
+
+
+def _guarded(max_length: int, rule: dict[str, str], allowed: Callable[[str], bool]) -> Any:
+    """A string field that the API server checks with `rule` and pydantic with `allowed`."""
+    return Annotated[
+        str,
+        Field(min_length=1, max_length=max_length, json_schema_extra={"x-kubernetes-validations": [rule]}),
+        AfterValidator(lambda value: _refused(value, allowed(value), rule)),
+    ]
+
+
+def _outside_reserved_paths(path: str) -> bool:
+    return not any(path == reserved or path.startswith(f"{reserved}/") for reserved in RESERVED_MOUNT_PATHS)
 
 
 @with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))
 class EnvVar(TypedDict):
     """An environment variable of the worker container (core/v1 EnvVar)."""
 
-    name: Annotated[
-        str,
-        Field(
-            min_length=1,
-            max_length=ENV_NAME_MAX_LENGTH,
-            json_schema_extra={"x-kubernetes-validations": [RESERVED_ENV_NAME]},
-        ),
-        AfterValidator(_not_reserved),
-    ]
+    name: _guarded(ENV_NAME_MAX_LENGTH, RESERVED_ENV_NAME, lambda name: name not in RESERVED_WORKER_ENV)
     """The variable's name; the ones the operator sets (KUBETRITON_MODE and the rest of the pod contract)
     are refused."""
     value: NotRequired[str]
@@ -227,32 +233,13 @@ class ResourceRequirements(TypedDict, total=False):
     amounts as in limits."""
 
 
-def _refused(value: str, allowed: bool, rule: dict[str, str]) -> str:
-    if not allowed:
-        raise ValueError(f"{value!r}: {rule['message']}")
-    return value
-
-
-def _outside_reserved_paths(path: str) -> str:
-    inside = any(path == reserved or path.startswith(f"{reserved}/") for reserved in RESERVED_MOUNT_PATHS)
-    return _refused(path, not inside, RESERVED_MOUNT_PATH)
-
-
 @with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))
 class VolumeMount(TypedDict):
     """Where a volume of the pod appears in the worker container (core/v1 VolumeMount)."""
 
     name: Annotated[str, Field(min_length=1, max_length=OBJECT_NAME_MAX_LENGTH)]
     """The name of one of spec.volumes."""
-    mountPath: Annotated[
-        str,
-        Field(
-            min_length=1,
-            max_length=NAME_MAX_LENGTH,
-            json_schema_extra={"x-kubernetes-validations": [RESERVED_MOUNT_PATH]},
-        ),
-        AfterValidator(_outside_reserved_paths),
-    ]
+    mountPath: _guarded(NAME_MAX_LENGTH, RESERVED_MOUNT_PATH, _outside_reserved_paths)
     """The path in the container; not the operator's own mounts (/workspace, /dev/shm) or below them."""
     readOnly: NotRequired[bool]
     """Mount it read-only (a volume that replicas share, such as model weights, should be)."""
@@ -272,20 +259,8 @@ class Volume(BaseModel):
 
     model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
-    name: Annotated[
-        str,
-        Field(
-            min_length=1,
-            max_length=OBJECT_NAME_MAX_LENGTH,
-            json_schema_extra={"x-kubernetes-validations": [RESERVED_VOLUME_NAME]},
-        ),
-    ]
+    name: _guarded(OBJECT_NAME_MAX_LENGTH, RESERVED_VOLUME_NAME, lambda name: name not in RESERVED_VOLUMES)
     """The volume's name in the pod; not the operator's own (workspace, dshm)."""
-
-    @field_validator("name")
-    @classmethod
-    def _not_reserved_volume(cls, name: str) -> str:
-        return _refused(name, name not in RESERVED_VOLUMES, RESERVED_VOLUME_NAME)
 
 
 @with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))
