@@ -45,6 +45,7 @@ class Settings:
     namespace: str
     models_namespace: str
     ready_timeout_s: float
+    storage_class: str | None
 
     @property
     def test_timeout_s(self) -> float:
@@ -60,6 +61,7 @@ class Settings:
             namespace=os.environ.get("KUBETRITON_E2E_NAMESPACE", "kubetriton-e2e"),
             models_namespace=os.environ.get("KUBETRITON_E2E_MODELS_NAMESPACE", "kubetriton-e2e-models"),
             ready_timeout_s=float(os.environ.get("KUBETRITON_E2E_READY_TIMEOUT", "900")),
+            storage_class=os.environ.get("KUBETRITON_E2E_STORAGE_CLASS") or None,
         )
 
 

@@ -1,0 +1,192 @@
+"""A real workload's needs on a real cluster: weights on a shared read-only volume, a token from a Secret, and
+a load that outlasts the readiness checks.
+
+The model is examples/weights-on-pvc/model.yaml with the worker base image and an inline script: it sleeps
+longer than liveness would allow before it creates `Triton()` (as a script loading multi-GB weights
+does), then serves what it read from the volume and the length of the token it got from the Secret. The
+volume is a claim on a hostPath PersistentVolume (a one-node cluster such as the kit or kind), or on
+KUBETRITON_E2E_STORAGE_CLASS where the cluster provisions volumes. It must become Ready without a restart,
+its status saying Loading meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import yaml
+from pytriton.client import ModelClient
+
+from e2e.cluster import Cluster, Settings, kubectl, load_example, port_forward, wait_for
+
+NAME = "embedder"
+CLAIM, SECRET, TOKEN = "hf-cache", "hf-token", "not-a-real-token"
+WEIGHTS = "the weights, written once"
+LOAD_S = 90
+SERVE = f"""
+import os
+import time
+
+import numpy as np
+from pytriton.decorators import batch
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton
+
+time.sleep({LOAD_S})  # loading weights before Triton() exists: only the startup probe's budget applies
+weights = open(os.path.join(os.environ["HF_HOME"], "weights.txt"), "rb").read()
+token_length = len(os.environ["HF_TOKEN"])
+
+
+@batch
+def describe(x):
+    return {{"weights": np.full((len(x), 1), weights, dtype=object),
+             "token_length": np.full((len(x), 1), token_length, dtype=np.int64)}}
+
+
+with Triton() as triton:
+    triton.bind("Embedder", describe, [Tensor(name="x", dtype=np.float32, shape=(1,))],
+                [Tensor(name="weights", dtype=bytes, shape=(1,)),
+                 Tensor(name="token_length", dtype=np.int64, shape=(1,))],
+                config=ModelConfig(max_batch_size=4))
+    triton.serve()
+"""
+
+
+def _volume(namespace: str, storage_class: str | None) -> list[tuple[str, str]]:
+    """The claim (on a hostPath volume unless a storage class is given), filled by a Pod; what to delete."""
+    created = []
+    if storage_class is None:
+        storage_class = "kubetriton-e2e-hostpath"
+        volume = f"{namespace}-{CLAIM}"
+        kubectl(
+            "apply",
+            "-f",
+            "-",
+            stdin=_yaml(
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolume",
+                    "metadata": {"name": volume},
+                    "spec": {
+                        "capacity": {"storage": "10Mi"},
+                        "accessModes": ["ReadWriteOnce", "ReadOnlyMany"],
+                        "storageClassName": storage_class,
+                        "persistentVolumeReclaimPolicy": "Delete",
+                        "hostPath": {"path": f"/tmp/{volume}", "type": "DirectoryOrCreate"},
+                    },
+                }
+            ),
+        )
+        created.append(("persistentvolume", volume))
+    kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        stdin=_yaml(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": CLAIM},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": storage_class,
+                    "resources": {"requests": {"storage": "10Mi"}},
+                },
+            }
+        ),
+    )
+    created.append(("persistentvolumeclaim", CLAIM))
+    return created
+
+
+def _yaml(obj: dict[str, Any]) -> str:
+    return yaml.safe_dump(obj)
+
+
+def _fill(cluster: Cluster, namespace: str, image: str) -> None:
+    """Write the weights onto the claim once (as root: a hostPath directory belongs to root)."""
+    kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        stdin=_yaml(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "fill-weights"},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "fill",
+                            "image": image,
+                            "command": [
+                                "sh",
+                                "-c",
+                                f"mkdir -p /models/hf && printf '{WEIGHTS}' > /models/hf/weights.txt",
+                            ],
+                            "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": False},
+                            "volumeMounts": [{"name": "weights", "mountPath": "/models"}],
+                        }
+                    ],
+                    "volumes": [{"name": "weights", "persistentVolumeClaim": {"claimName": CLAIM}}],
+                },
+            }
+        ),
+    )
+    wait_for(lambda: cluster.pod_phase("fill-weights", namespace) in ("Succeeded", "Failed"), 300, "the fill")
+    assert cluster.pod_phase("fill-weights", namespace) == "Succeeded", cluster.pod_log(
+        "fill-weights", namespace
+    )
+    cluster.delete_pod("fill-weights", namespace)
+
+
+def test_weights_on_a_volume_a_secret_and_a_slow_load(
+    release: dict[str, Any], cluster: Cluster, settings: Settings
+) -> None:
+    namespace = settings.models_namespace
+    storage_class = settings.storage_class
+    created = _volume(namespace, storage_class)
+    kubectl("create", "secret", "generic", SECRET, "-n", namespace, f"--from-literal=token={TOKEN}")
+    created.append(("secret", SECRET))
+    model = load_example("weights-on-pvc", settings.worker_image)
+    model["spec"]["worker"]["command"] = ["python", "-c", SERVE]
+    model["spec"]["worker"]["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    model["spec"]["replicas"] = 1
+    try:
+        _fill(cluster, namespace, settings.worker_image)
+        started = time.monotonic()
+        cluster.apply_model(model, namespace)
+        reasons: set[str] = set()
+
+        def ready() -> dict[str, Any] | None:
+            current = cluster.model(NAME, namespace) or {}
+            for condition in (current.get("status") or {}).get("conditions", []):
+                if condition["type"] == "Ready":
+                    reasons.add(condition["reason"])
+            return cluster.ready_model(NAME, namespace)
+
+        wait_for(ready, settings.ready_timeout_s, f"{NAME} Ready", interval_s=1)
+        assert time.monotonic() - started > LOAD_S
+        assert "Loading" in reasons, reasons
+        (pod,) = cluster.model_pods(NAME, namespace).values()
+        restarts = {status.name: status.restart_count for status in pod.status.container_statuses}
+        assert restarts == {"worker": 0}, restarts
+        with (
+            port_forward(namespace, f"service/{NAME}", 8000) as local,
+            ModelClient(f"http://127.0.0.1:{local}", "Embedder", init_timeout_s=60) as client,
+        ):
+            answer = client.infer_sample(np.ones(1, np.float32))
+        assert answer["weights"][0] == WEIGHTS.encode()
+        assert int(answer["token_length"][0]) == len(TOKEN)
+    finally:
+        kubectl("delete", "pytritonmodel", NAME, "-n", namespace, "--ignore-not-found", "--wait=true")
+        cluster.delete_pod("fill-weights", namespace)
+        for kind, name in reversed(created):
+            scope = [] if kind == "persistentvolume" else ["-n", namespace]
+            kubectl("delete", kind, name, *scope, "--ignore-not-found", "--wait=false")
