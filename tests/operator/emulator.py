@@ -97,10 +97,19 @@ SERVICE_MONITOR_CRD = {
         "group": "monitoring.coreos.com",
         "scope": "Namespaced",
         "names": {"kind": "ServiceMonitor", "plural": "servicemonitors", "singular": "servicemonitor"},
-        "versions": [{"name": "v1", "served": True, "storage": True}],
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                },
+            }
+        ],
     },
 }
-"""The least of a ServiceMonitor CRD: what discovery and the operator look at."""
+"""The least of a ServiceMonitor CRD that an API server accepts: what discovery and the operator use."""
 NAMESPACE_TERMINATING = "unable to create new content in namespace {namespace} because it is being terminated"
 
 
@@ -300,9 +309,11 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     """Keep every finished request for assertions; a long benchmark keeps only those in flight."""
     model_crd: bool = True
     """Whether the PyTritonModel CRD is installed from the start."""
-    rejections: dict[str, Callable[[dict[str, Any]], str | None]] = attrs.field(factory=dict)
-    """Plural name → a check of the written object that returns a message to refuse it with 422, as
-    an admission webhook might, or None to accept it."""
+    rejections: dict[str, Callable[[dict[str, Any]], str | tuple[int, str] | None]] = attrs.field(
+        factory=dict
+    )
+    """Plural name → a check of the written object that returns why it is refused (a message for a
+    422, as from an admission webhook, or the status and message), or None to accept it."""
     held: set[str] = attrs.field(factory=set)
     """Plural names whose writes get no answer while they are here."""
     request_counts: collections.Counter[str] = attrs.field(factory=collections.Counter)
@@ -363,7 +374,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 check = self.rejections.get(resource.plural)
                 refusal = check(request.data) if check is not None else None
                 if refusal is not None:
-                    raise kmock.KubernetesError(status=422, reason="Invalid", message=refusal)
+                    status, message = refusal if isinstance(refusal, tuple) else (422, refusal)
+                    raise kmock.KubernetesError(status=status, reason="Invalid", message=message)
             serve = {
                 enums.action.CREATE: self._create,
                 enums.action.FETCH: self._fetch,

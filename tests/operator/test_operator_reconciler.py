@@ -454,13 +454,16 @@ async def test_bad_spec_is_reported_and_the_operator_carries_on(
     assert operator.alive and operator.error is None
 
 
-def duplicate_ports(service: dict[str, Any]) -> str | None:
-    """The API server's refusal of a Service whose ports repeat."""
+def duplicate_ports(service: dict[str, Any]) -> tuple[int, str] | None:
+    """The real API server's answer to a server-side apply of a Service whose ports repeat."""
     ports = [port["port"] for port in service.get("spec", {}).get("ports", [])]
-    repeated = next((index for index, port in enumerate(ports) if port in ports[:index]), None)
+    repeated = next((port for index, port in enumerate(ports) if port in ports[:index]), None)
     if repeated is None:
         return None
-    return f'Service "identity" is invalid: spec.ports[{repeated}]: Duplicate value: {ports[repeated]}'
+    return 500, (
+        "failed to create typed patch object (default/identity; /v1, Kind=Service): "
+        f'.spec.ports: duplicate entries for key [port={repeated},protocol="TCP"]'
+    )
 
 
 def failed_to_apply(cluster: ClusterEmulator, name: str) -> dict[str, Any]:
@@ -498,7 +501,7 @@ async def test_a_corrected_spec_is_acted_on_at_once(cluster: ClusterEmulator, st
     cluster.rejections["services"] = duplicate_ports
     await create_model(cluster, model_document("identity", service={"ports": {"http": 8001}}))
     failed = await eventually(lambda: failed_to_apply(cluster, "identity"), message="ApplyFailed")
-    assert "spec.ports[1]: Duplicate value: 8001" in failed["message"]
+    assert "duplicate entries for key [port=8001" in failed["message"]
 
     await patch(
         cluster, MODELS.format(ns="default") + "/identity", {"spec": {"service": {"ports": {"http": 8000}}}}

@@ -96,8 +96,9 @@ def build_replicas_handover(model: PyTritonModel, replicas: int) -> dict[str, An
     """The Deployment's current replica count alone, for a second field manager to co-own.
 
     Under server-side apply, a field that its only manager stops applying is removed, and a
-    Deployment without replicas falls back to one. Applying the live count under another manager
-    first keeps it while the autoscaler takes the field over.
+    Deployment without replicas falls back to one. Applying the live count (raised to the
+    autoscaler's minimum) under another manager first keeps it while the autoscaler takes the
+    field over.
     """
     metadata: dict[str, Any] = {"name": model.metadata.name}
     if model.metadata.namespace:
@@ -106,7 +107,7 @@ def build_replicas_handover(model: PyTritonModel, replicas: int) -> dict[str, An
         "apiVersion": DEPLOYMENT.api_version,
         "kind": DEPLOYMENT.kind,
         "metadata": metadata,
-        "spec": {"replicas": replicas},
+        "spec": {"replicas": max(replicas, model.spec.min_replicas)},
     }
 
 

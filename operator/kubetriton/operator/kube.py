@@ -33,6 +33,7 @@ MAX_REQUESTS_IN_FLIGHT = 16
 NO_ANSWER = 0
 """The status of a request that got no HTTP answer: a timeout or a broken connection."""
 CONFLICT, TOO_MANY_REQUESTS = 409, 429
+UNMERGEABLE = "failed to create typed patch object"
 
 
 class KubeError(Exception):
@@ -45,7 +46,11 @@ class KubeError(Exception):
 
     @property
     def temporary(self) -> bool:
-        """Whether the same request may succeed soon: no answer, a conflict, throttling, a server error."""
+        """Whether the same request may succeed soon: no answer, a conflict, throttling, a server
+        error; but not an object that server-side apply cannot merge (say, two Service ports or two
+        env vars with the same key), which the API server also answers with a 500."""
+        if self.message.startswith(UNMERGEABLE):
+            return False
         return self.status in (NO_ANSWER, CONFLICT, TOO_MANY_REQUESTS) or self.status >= 500
 
     @property
