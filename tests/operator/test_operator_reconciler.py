@@ -212,7 +212,7 @@ async def test_ready_follows_the_deployment(cluster: ClusterEmulator, start_oper
         lambda: events(cluster, "AllReplicasReady"), message="an event saying it is ready"
     )
     assert announced[0]["type"] == "Normal"
-    assert events(cluster, "Creating") == [], "a new model's first status is not announced"
+    assert events(cluster, "Creating") == events(cluster, "ReplicasNotReady") == [], "only Ready changes"
 
 
 async def test_spec_changes_reach_the_children(cluster: ClusterEmulator, start_operator: StartOperator):

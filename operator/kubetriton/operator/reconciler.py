@@ -136,23 +136,29 @@ DEPLOYMENT_STATUS_FIELDS = (
 )
 
 
-def _child_summary(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any) -> dict[Key, Any]:
-    """What the operator needs of a child: the fingerprint of what it applied; for a Deployment, also
-    what the status reads and whether the operator owns its replica count."""
-    key = (namespace, labels.get(naming.INSTANCE_LABEL, ""))
-    annotation = body.metadata.annotations.get(children.FINGERPRINT_ANNOTATION, "")
-    if body.get("kind") != children.DEPLOYMENT.kind:
-        return {key: annotation}
-    observed = body.status
+def _fingerprint_of(child: Mapping[str, Any]) -> str:
+    return ((child.get("metadata") or {}).get("annotations") or {}).get(children.FINGERPRINT_ANNOTATION, "")
+
+
+def _deployment_summary(deployment: Mapping[str, Any]) -> dict[str, Any]:
+    """What the operator needs of a Deployment: what the status reads, the fingerprint of what it
+    applied, and whether it owns the replica count."""
+    metadata, observed = deployment.get("metadata") or {}, deployment.get("status") or {}
     return {
-        key: {
-            "metadata": {"name": body.metadata.name, "generation": body.metadata.get("generation", 0)},
-            "spec": {"replicas": body.spec.get("replicas", 1)},
-            "status": {name: observed[name] for name in DEPLOYMENT_STATUS_FIELDS if name in observed},
-            "fingerprint": annotation,
-            "ownsReplicas": _owns_replicas(body.metadata.get("managedFields") or []),
-        }
+        "metadata": {"name": metadata.get("name"), "generation": metadata.get("generation", 0)},
+        "spec": {"replicas": (deployment.get("spec") or {}).get("replicas", 1)},
+        "status": {name: observed[name] for name in DEPLOYMENT_STATUS_FIELDS if name in observed},
+        "fingerprint": _fingerprint_of(deployment),
+        "ownsReplicas": _owns_replicas(metadata.get("managedFields") or []),
     }
+
+
+def _child_summary(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any) -> dict[Key, Any]:
+    """A Deployment's summary; of any other child, the fingerprint of what the operator applied."""
+    key = (namespace, labels.get(naming.INSTANCE_LABEL, ""))
+    if body.get("kind") == children.DEPLOYMENT.kind:
+        return {key: _deployment_summary(body)}
+    return {key: _fingerprint_of(body)}
 
 
 def _pod_summary(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any) -> dict[Key, Any]:
@@ -212,6 +218,8 @@ class ModelState:
     retry: asyncio.TimerHandle | None = None
     written: dict[str, Any] | None = None
     """The status last written, so that an unchanged one is not written again."""
+    applied_deployment: dict[str, Any] | None = None
+    """The Deployment as the operator's last apply returned it, until the index has caught up."""
 
     def cancel_retry(self) -> None:
         if self.retry is not None:
@@ -339,7 +347,7 @@ class Reconciler:
             state.cancel_retry()
         else:
             try:
-                done = await self._apply_children(model, owner)
+                done = await self._apply_children(model, owner, state)
             except ApplyError as failed:
                 if failed.error.namespace_terminating:
                     logger.debug(f"not applied, the namespace is being deleted: {failed}")
@@ -380,13 +388,13 @@ class Reconciler:
 
     async def _apply(
         self, kind: children.ChildKind, obj: dict[str, Any], manager: str = FIELD_MANAGER
-    ) -> None:
+    ) -> dict[str, Any]:
         try:
-            await self.api.apply(obj, kind.plural, field_manager=manager)
+            return await self.api.apply(obj, kind.plural, field_manager=manager)
         except KubeError as error:
             raise ApplyError(kind, error) from error
 
-    async def _apply_children(self, model: PyTritonModel, owner: Mapping[str, Any]) -> str:
+    async def _apply_children(self, model: PyTritonModel, owner: Mapping[str, Any], state: ModelState) -> str:
         """Apply the children that differ from what the model wants, delete the unwanted ones that
         exist; say what was done (nothing, for a model whose children are as it wants them)."""
         key = (model.metadata.namespace or "", model.metadata.name)
@@ -405,7 +413,9 @@ class Reconciler:
             elif kind is children.DEPLOYMENT and model.spec.autoscaling and observed["ownsReplicas"]:
                 handover = children.build_replicas_handover(model, observed["spec"]["replicas"])
                 await self._apply(kind, handover, HANDOVER_FIELD_MANAGER)
-            await self._apply(kind, child)
+            answer = await self._apply(kind, child)
+            if kind is children.DEPLOYMENT:
+                state.applied_deployment = _deployment_summary(answer)
             applied.append(kind.kind)
         for kind in children.unwanted(model, service_monitor_available=monitor):
             if self._observed(kind, key) is None:
@@ -428,7 +438,13 @@ class Reconciler:
         model = self._parse(state, owner)
         if isinstance(model, str):
             return status.invalid_spec(key[1], key[0], model)
-        deployment = self._observed(children.DEPLOYMENT, key)
+        deployment, applied = self._observed(children.DEPLOYMENT, key), state.applied_deployment
+        if applied is None or (
+            deployment and deployment["metadata"]["generation"] >= applied["metadata"]["generation"]
+        ):
+            state.applied_deployment = None
+        else:
+            deployment = applied
         return status.summarize(model, deployment, self._pods(key), state.failure)
 
     async def _publish(
@@ -466,23 +482,18 @@ class Reconciler:
     def _announce(
         owner: Mapping[str, Any], before: list[dict[str, Any]], after: list[dict[str, Any]]
     ) -> None:
-        """An event when the model becomes ready, stops being ready, or fails for another reason.
-
-        The first status of a new model is not announced unless it is a problem.
-        """
-        old = next((c for c in before if c.get("type") == status.READY), None)
+        """An event when the model becomes ready or stops being ready, and a warning for each new
+        problem; not for the steps in between (creating, rolling out)."""
+        old = next((c for c in before if c.get("type") == status.READY), {})
         new = next(c for c in after if c["type"] == status.READY)
         degraded = next(c for c in after if c["type"] == status.DEGRADED)["status"] == "True"
-        if old is None and not degraded:
-            return
-        old = old or {}
-        same_reason = new["status"] == "True" or old.get("reason") == new["reason"]
-        if old.get("status") == new["status"] and same_reason:
-            return
-        message = new["message"] or new["reason"]
-        kopf.event(
-            dict(owner), type="Warning" if degraded else "Normal", reason=new["reason"], message=message
-        )
+        became = old.get("status") not in (None, new["status"])
+        new_problem = degraded and old.get("reason") != new["reason"]
+        if became or new_problem:
+            message = new["message"] or new["reason"]
+            kopf.event(
+                dict(owner), type="Warning" if degraded else "Normal", reason=new["reason"], message=message
+            )
 
     # kopf handlers.
 
