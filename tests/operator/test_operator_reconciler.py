@@ -610,3 +610,30 @@ async def test_models_are_served_once_their_crd_appears(
     await create_model(cluster, model_document("identity"))
     await eventually(lambda: stored(cluster, CHILD_APIS["Service"], "identity"), message="children")
     await eventually(lambda: has_status(cluster, "identity"), message="status")
+
+
+async def test_child_events_do_not_wait_for_a_slow_apply(
+    cluster: ClusterEmulator, start_operator: StartOperator, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.INFO)
+    await start_operator()
+    cluster.held.add("services")
+    try:
+        await create_model(cluster, model_document("identity"))
+        await eventually(lambda: stored(cluster, CHILD_APIS["Deployment"], "identity"), message="Deployment")
+        caplog.clear()
+        await set_deployment_status(cluster, "identity", ready=1, replicas=1)
+
+        def handled() -> bool:
+            return any(
+                r.getMessage() == "Handler 'deployments' succeeded." and r.k8s_ref["name"] == "identity"
+                for r in caplog.records
+            )
+
+        await eventually(handled, message="the Deployment's event handled while the Service hangs")
+    finally:
+        cluster.held.discard("services")
+    await eventually(
+        lambda: status_of(cluster, "identity").get("readyReplicas") == 1, message="a current status"
+    )
+    await eventually(lambda: condition(cluster, "identity", "Ready").get("status") == "True", message="Ready")

@@ -220,6 +220,8 @@ class ModelState:
     """The status last written, so that an unchanged one is not written again."""
     applied_deployment: dict[str, Any] | None = None
     """The Deployment as the operator's last apply returned it, until the index has caught up."""
+    stale: bool = False
+    """Children changed while the lock was held: the status is refreshed before it is let go."""
 
     def cancel_retry(self) -> None:
         if self.retry is not None:
@@ -327,15 +329,26 @@ class Reconciler:
             owner = self._owner(key)
             if owner is None:
                 state.cancel_retry()
-            else:
-                await act(key, state, owner)
+                return
+            await act(key, state, owner)
+            while state.stale and (owner := self._owner(key)) is not None:
+                state.stale = False
+                await self._refresh(key, state, owner)
 
     async def converge(self, key: Key) -> None:
         """Apply what the model's children lack, delete what it no longer needs, write the status."""
         await self._for_model(key, self._converge)
 
     async def refresh(self, key: Key) -> None:
-        """Write the status again from what the children show now."""
+        """Write the status again from what the children show now.
+
+        While something else is being done for the model, the refresh is left to it (it refreshes
+        once more before it lets go), so that a burst of pod events neither waits nor piles up.
+        """
+        state = self._models.get(key)
+        if state is not None and state.lock.locked():
+            state.stale = True
+            return
         await self._for_model(key, self._refresh)
 
     async def _converge(self, key: Key, state: ModelState, owner: dict[str, Any]) -> None:
