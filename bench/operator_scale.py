@@ -91,6 +91,8 @@ class CountingProxy:
     def __init__(self, upstream: Endpoint) -> None:
         self.upstream = upstream
         self.counts: collections.Counter[str] = collections.Counter()
+        self.answered: list[tuple[float, str, float]] = []
+        """Each write: when it was answered, what it wrote, and how long the API server took."""
         self._session: aiohttp.ClientSession | None = None
         self._runner: aiohttp.web.AppRunner | None = None
         self.url = ""
@@ -110,12 +112,16 @@ class CountingProxy:
 
     async def _forward(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         assert self._session is not None
-        self.counts[self.kind(request)] += 1
+        kind = self.kind(request)
+        self.counts[kind] += 1
         headers = {key: value for key, value in request.headers.items() if key in ("Content-Type", "Accept")}
         body = await request.read()
+        sent = time.monotonic()
         async with self._session.request(
             request.method, request.rel_url.path_qs, headers=headers, data=body or None
         ) as upstream:
+            if kind.split()[0] in WRITES:
+                self.answered.append((time.monotonic(), kind, time.monotonic() - sent))
             response = aiohttp.web.StreamResponse(status=upstream.status)
             response.content_type = upstream.content_type
             await response.prepare(request)
@@ -365,6 +371,20 @@ class Run:
         report("operator CPU until then", f"{cpu_seconds(pid):.1f} s (start-up included)")
         report("operator peak RSS (VmHWM)", f"{peak_rss_mib(pid):.0f} MiB")
         report("requests per model, creation", per_model(self.proxy.counts - before, models))
+        answered = [(at - started, kind, took) for at, kind, took in self.proxy.answered if at >= started]
+        by_kind: dict[str, list[float]] = collections.defaultdict(list)
+        for _, kind, took in answered:
+            by_kind[kind].append(took)
+        latency = ", ".join(
+            f"{kind} {1000 * sum(took) / len(took):.0f}/{1000 * max(took):.0f}"
+            for kind, took in sorted(by_kind.items())
+        )
+        report("API answer ms, mean/max", latency)
+        buckets = collections.Counter(int(at // 2) * 2 for at, _, _ in answered if at <= statuses - started)
+        report(
+            "writes answered per 2 s",
+            " ".join(f"{second}s:{count}" for second, count in sorted(buckets.items())),
+        )
 
     def writes(self) -> int:
         return sum(value for kind, value in self.proxy.counts.items() if kind.split()[0] in WRITES)
