@@ -281,7 +281,10 @@ async def api_server(kubeconfig_path: str | None) -> AsyncIterator[tuple[Endpoin
         endpoint = endpoint_from_kubeconfig(kubeconfig_path)
         yield endpoint, endpoint.url
         return
-    async with ClusterEmulator(record_requests=False) as emulator, kmock.Server(emulator) as server:
+    async with (
+        ClusterEmulator(record_requests=False, model_crd=True, established_crds=True) as emulator,
+        kmock.Server(emulator) as server,
+    ):
         yield Endpoint(str(server.url).rstrip("/")), "the emulated API server of the operator tests"
 
 

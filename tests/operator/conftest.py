@@ -16,8 +16,9 @@ from emulator import ClusterEmulator, OperatorThread
 
 @pytest_asyncio.fixture()
 async def cluster(request: pytest.FixtureRequest) -> AsyncIterator[ClusterEmulator]:
-    """An emulated cluster; parametrize it indirectly with ClusterEmulator's options."""
-    options = getattr(request, "param", {})
+    """An emulated cluster with the PyTritonModel CRD, established; parametrize it indirectly with
+    ClusterEmulator's options."""
+    options = {"model_crd": True, "established_crds": True, **getattr(request, "param", {})}
     async with ClusterEmulator(**options) as emulator, kmock.Server(emulator):
         yield emulator
 

@@ -15,8 +15,9 @@ object store (so `objects` and the recorded requests stay available to assertion
 - lists that report the current resourceVersion, and watches that subscribe before they replay,
   then replay either the current objects or, when a resourceVersion is named, the events after it;
 - equality label selectors on lists and watches;
-- custom resources that exist only while their CRD does: a created CRD is established at once and
-  its resource appears in discovery (the PyTritonModel CRD is installed unless told otherwise);
+- custom resources that exist only while their CRD does: a created CRD's resource appears in
+  discovery, and with `established_crds` the CRD is established at once; `model_crd` installs the
+  PyTritonModel CRD from the start;
 - namespaces as objects (kmock reads `/api/v1/namespaces/NAME` as a path into a namespace), and
   namespaces that terminate: deleting one marks it Terminating, and creating anything in it then
   fails with the API server's 403;
@@ -307,8 +308,11 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     record_requests: bool = True
     """Keep every finished request for assertions; a long benchmark keeps only those in flight."""
-    model_crd: bool = True
-    """Whether the PyTritonModel CRD is installed from the start."""
+    model_crd: bool = False
+    """Whether the PyTritonModel CRD is installed from the start (the operator tests' clusters)."""
+    established_crds: bool = False
+    """Whether a CRD gets the Established condition, as the API server gives it; off where a test
+    compares a stored CRD with the generated file."""
     rejections: dict[str, Callable[[dict[str, Any]], str | tuple[int, str] | None]] = attrs.field(
         factory=dict
     )
@@ -326,7 +330,6 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         self._buses = collections.defaultdict(lambda: _VersionedBus(clock=clock))
         for key, info in RESOURCES.items():
             self.resources[key] = info
-        self._store_new("v1/namespaces", {"metadata": {"name": "default"}, "status": {"phase": "Active"}})
         if self.model_crd:
             self._store_new("apiextensions.k8s.io/v1/customresourcedefinitions", MODEL_CRD)
 
@@ -338,10 +341,11 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         self._objects[kmock.resource(resource), None, data["metadata"]["name"]] = data
 
     def _install_crd(self, data: dict[str, Any]) -> None:
-        """A CRD is established at once, and its resource appears in discovery."""
+        """A CRD's resource appears in discovery, and the CRD is established at once."""
         if data.get("kind") != "CustomResourceDefinition":
             return
-        data["status"] = {"conditions": [{"type": "Established", "status": "True"}]}
+        if self.established_crds:
+            data["status"] = {"conditions": [{"type": "Established", "status": "True"}]}
         key, info = crd_resource(data)
         self.resources[key] = info
 
