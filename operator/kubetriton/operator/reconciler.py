@@ -39,7 +39,8 @@ from kubetriton.operator.spec import (
 from pydantic import ValidationError
 
 Insights = references.Insights
-"""What kopf serves (watched resources, namespaces); kopf.operator() takes one to fill in."""
+"""What kopf serves (watched resources, namespaces): kopf.operator() fills in the one it is given.
+kopf does not export the type; the health endpoint reads whether the models are watched from it."""
 Login = Callable[..., kopf.ConnectionInfo | None]
 """A kopf login handler: called with kopf's keyword arguments, returns the API server connection."""
 Key = tuple[str, str]
