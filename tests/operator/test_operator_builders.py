@@ -396,6 +396,32 @@ def test_replicas_belong_to_the_autoscaler_when_there_is_one() -> None:
     assert "replicas" not in _deployment(autoscaling={"maxReplicas": 3})["spec"]
 
 
+def test_an_autoscaled_deployment_is_created_with_its_minimum() -> None:
+    autoscaled = model_with(autoscaling={"minReplicas": 2, "maxReplicas": 5})
+    steady = children.build_deployment(autoscaled)
+    first = children.first_deployment(steady, autoscaled)
+    assert first["spec"]["replicas"] == 2
+    assert "replicas" not in steady["spec"]
+    fixed = model_with(replicas=3)
+    assert children.first_deployment(children.build_deployment(fixed), fixed)["spec"]["replicas"] == 3
+
+
+def test_the_handover_keeps_the_live_count_but_not_below_the_minimum() -> None:
+    autoscaled = model_with(autoscaling={"minReplicas": 2, "maxReplicas": 5})
+    assert children.build_replicas_handover(autoscaled, 3)["spec"] == {"replicas": 3}
+    assert children.build_replicas_handover(autoscaled, 1)["spec"] == {"replicas": 2}
+
+
+def test_a_stamped_child_carries_the_fingerprint_of_what_is_applied() -> None:
+    service = children.build_service(model_with())
+    stamped = children.stamped(service)
+    annotation = stamped["metadata"]["annotations"][children.FINGERPRINT_ANNOTATION]
+    assert annotation == children.fingerprint(service)
+    assert "annotations" not in service["metadata"]
+    other = children.build_service(model_with(service={"ports": {"http": 80}}))
+    assert children.fingerprint(other) != annotation
+
+
 def test_service_ports() -> None:
     service = children.build_service(model_with(service={"ports": {"http": 80}}))
     assert service["spec"]["ports"] == [

@@ -6,7 +6,7 @@ import asyncio
 import json
 
 import pytest
-from emulator import ClusterEmulator
+from emulator import SERVICE_MONITOR_CRD, ClusterEmulator
 
 pytestmark = pytest.mark.asyncio
 
@@ -53,3 +53,57 @@ async def test_watch_from_a_version_replays_only_later_events(cluster: ClusterEm
     async with cluster.get(PODS, params={"watch": "true", "resourceVersion": since}) as response:
         first = json.loads(await asyncio.wait_for(response.content.readline(), 5))
     assert (first["type"], first["object"]["metadata"]["name"]) == ("ADDED", "after")
+
+
+DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
+
+
+async def apply(cluster: ClusterEmulator, name: str, spec: dict, manager: str) -> dict:
+    body = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}, "spec": spec}
+    headers = {"Content-Type": "application/apply-patch+yaml"}
+    params = {"fieldManager": manager, "force": "true"}
+    async with cluster.patch(
+        f"{DEPLOYMENTS}/{name}", data=json.dumps(body), headers=headers, params=params
+    ) as r:
+        assert r.status in (200, 201), await r.text()
+        return await r.json()
+
+
+async def test_server_side_apply_removes_what_only_its_manager_stopped_applying(
+    cluster: ClusterEmulator,
+) -> None:
+    await apply(cluster, "d", {"replicas": 3, "paused": False}, "operator")
+    await apply(cluster, "d", {"replicas": 3}, "handover")
+    after = await apply(cluster, "d", {"paused": True}, "operator")
+    assert after["spec"] == {"replicas": 3, "paused": True}, "replicas stay: another manager owns them"
+    managers = {entry["manager"]: entry["fieldsV1"] for entry in after["metadata"]["managedFields"]}
+    assert managers == {"handover": {"f:spec": {"f:replicas": {}}}, "operator": {"f:spec": {"f:paused": {}}}}
+    dropped = await apply(cluster, "d", {}, "operator")
+    assert dropped["spec"] == {"replicas": 3}
+
+
+async def test_custom_resources_exist_only_with_their_crd(cluster: ClusterEmulator) -> None:
+    monitors = "/apis/monitoring.coreos.com/v1/namespaces/default/servicemonitors"
+    assert (await call(cluster, "GET", monitors))[0] == 404
+    status, crd = await call(
+        cluster, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SERVICE_MONITOR_CRD
+    )
+    assert status == 201 and crd["status"]["conditions"] == [{"type": "Established", "status": "True"}]
+    assert (await call(cluster, "GET", monitors))[0] == 200
+    _, group = await call(cluster, "GET", "/apis/monitoring.coreos.com/v1")
+    assert [resource["name"] for resource in group["resources"]] == ["servicemonitors"]
+
+
+async def test_nothing_new_in_a_terminating_namespace(cluster: ClusterEmulator) -> None:
+    await call(cluster, "POST", "/api/v1/namespaces", {"metadata": {"name": "doomed"}})
+    status, deleted = await call(cluster, "DELETE", "/api/v1/namespaces/doomed")
+    assert status == 200 and deleted["status"]["phase"] == "Terminating"
+    status, refusal = await call(
+        cluster, "POST", "/api/v1/namespaces/doomed/pods", {"metadata": {"name": "p"}}
+    )
+    assert status == 403
+    assert refusal["message"].endswith(
+        "unable to create new content in namespace doomed because it is being terminated"
+    )
+    _, listing = await call(cluster, "GET", "/api/v1/namespaces")
+    assert [item["metadata"]["name"] for item in listing["items"]] == ["doomed"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import kopf
 import pytest
-from kubetriton.operator.kube import resource_path, ssl_context
+from kubetriton.operator.kube import NO_ANSWER, KubeError, resource_path, ssl_context
 
 
 @pytest.mark.parametrize(
@@ -116,3 +116,33 @@ def test_kubeconfig_data_is_trusted_and_presented(certificates: dict[str, Path])
 
 def test_insecure_connections_skip_verification() -> None:
     assert ssl_context(kopf.ConnectionInfo(server="https://cluster:6443", insecure=True)) is False
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "temporary"),
+    [
+        (NO_ANSWER, "no answer from the API server within 30 s", True),
+        (409, "the object has been modified", True),
+        (429, "storage is (re)initializing", True),
+        (500, "etcdserver: request timed out", True),
+        (503, "service unavailable", True),
+        (422, 'Service "m" is invalid: spec.ports[1]: Duplicate value', False),
+        (
+            500,
+            "failed to create typed patch object (ns/m; /v1, Kind=Service): .spec.ports: duplicate entries",
+            False,
+        ),
+        (403, 'services "m" is forbidden: exceeded quota', False),
+    ],
+)
+def test_which_failures_are_worth_retrying_soon(status: int, message: str, temporary: bool) -> None:
+    assert KubeError(status, message).temporary is temporary
+
+
+def test_a_terminating_namespace_is_recognised() -> None:
+    terminating = (
+        'deployments.apps "m" is forbidden: '
+        "unable to create new content in namespace ns because it is being terminated"
+    )
+    assert KubeError(403, terminating).namespace_terminating
+    assert not KubeError(403, 'services "m" is forbidden: exceeded quota').namespace_terminating

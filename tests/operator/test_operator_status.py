@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from kubetriton.operator import status
-from kubetriton.operator.spec import PyTritonModel
+from kubetriton.operator.spec import AutoscalingSpec, PyTritonModel
 
 MODEL = PyTritonModel.model_validate(
     {
@@ -23,11 +23,25 @@ MIG_MODEL = MODEL.model_copy(
 )
 
 
-def deployment(ready: int = 0, replicas: int = 2, updated: int | None = None, **extra: Any) -> dict[str, Any]:
+AUTOSCALED = MODEL.model_copy(
+    update={
+        "spec": MODEL.spec.model_copy(
+            update={
+                "replicas": None,
+                "autoscaling": AutoscalingSpec.model_validate({"minReplicas": 2, "maxReplicas": 5}),
+            }
+        )
+    }
+)
+
+
+def deployment(
+    ready: int = 0, replicas: int = 2, updated: int | None = None, wanted: int = 2, **extra: Any
+) -> dict[str, Any]:
     updated = replicas if updated is None else updated
     return {
         "metadata": {"name": "esm1", "generation": 3},
-        "spec": {"replicas": 2},
+        "spec": {"replicas": wanted},
         "status": {
             "observedGeneration": 3,
             "replicas": replicas,
@@ -65,9 +79,12 @@ def waiting_pod(
 
 
 def conditions(
-    model: PyTritonModel, dep: dict[str, Any] | None, pods: list[dict[str, Any]]
+    model: PyTritonModel,
+    dep: dict[str, Any] | None,
+    pods: list[dict[str, Any]],
+    failure: status.ApplyFailure | None = None,
 ) -> dict[str, tuple]:
-    summary = status.summarize(model, dep, pods)
+    summary = status.summarize(model, dep, pods, failure)
     return {c["type"]: (c["status"], c["reason"]) for c in summary["conditions"]}
 
 
@@ -112,6 +129,39 @@ CASES = [
         [],
         {
             "Ready": ("False", "ReplicasNotReady"),
+            "Progressing": ("True", "RollingOut"),
+            "Degraded": ("False", "AsExpected"),
+        },
+    ),
+    (
+        "autoscaled, created with fewer pods than its minimum",
+        AUTOSCALED,
+        deployment(ready=1, replicas=1, wanted=1),
+        [],
+        {
+            "Ready": ("False", "ReplicasNotReady"),
+            "Progressing": ("True", "RollingOut"),
+            "Degraded": ("False", "AsExpected"),
+        },
+    ),
+    (
+        "autoscaled, its minimum ready",
+        AUTOSCALED,
+        deployment(ready=2, replicas=2, wanted=2),
+        [],
+        {
+            "Ready": ("True", "AllReplicasReady"),
+            "Progressing": ("False", "RolloutComplete"),
+            "Degraded": ("False", "AsExpected"),
+        },
+    ),
+    (
+        "autoscaled up, more than its minimum ready",
+        AUTOSCALED,
+        deployment(ready=3, replicas=4, wanted=4),
+        [],
+        {
+            "Ready": ("True", "MinReplicasReady"),
             "Progressing": ("True", "RollingOut"),
             "Degraded": ("False", "AsExpected"),
         },
@@ -279,3 +329,24 @@ def test_transition_times_move_only_on_a_status_change() -> None:
     ]
     stamped = {c["type"]: c["lastTransitionTime"] for c in status.stamp_transitions(new, previous, now)}
     assert stamped == {"Ready": "2026-01-01T00:00:00Z", "Degraded": now, "Progressing": now}
+
+
+def test_a_refused_child_keeps_the_model_degraded_whatever_its_pods_do() -> None:
+    refused = status.ApplyFailure("Service: HTTP 422: spec.ports[1]: Duplicate value", temporary=False)
+    summary = status.summarize(MODEL, deployment(ready=2), [], refused)
+    assert {c["type"]: (c["status"], c["reason"], c["message"]) for c in summary["conditions"]} == {
+        "Ready": ("False", "ApplyFailed", refused.message),
+        "Progressing": ("False", "ApplyFailed", refused.message),
+        "Degraded": ("True", "ApplyFailed", refused.message),
+    }
+    assert summary["readyReplicas"] == 2
+
+
+def test_an_apply_without_answer_is_reported_as_retried() -> None:
+    no_answer = status.ApplyFailure("Service: no answer from the API server within 30 s", temporary=True)
+    pods = [pending_pod("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")]
+    assert conditions(MODEL, deployment(ready=2), pods, no_answer) == {
+        "Ready": ("False", "ApplyRetrying"),
+        "Progressing": ("True", "ApplyRetrying"),
+        "Degraded": ("True", "InsufficientGPU"),
+    }

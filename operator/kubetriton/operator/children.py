@@ -2,16 +2,22 @@
 
 Builders take the validated model and return plain dicts. The reconciler applies what `desired`
 returns and deletes the kinds listed by `unwanted`; `kubetriton render` prints the same list.
+
+Each applied child carries the fingerprint of what was applied, so that the reconciler can tell from
+the objects it watches, without a request, whether a child is already as the model wants it.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from kubetriton.operator import naming
 from kubetriton.operator.pod import pod_template
-from kubetriton.operator.spec import PyTritonModel
+from kubetriton.operator.spec import GROUP, PyTritonModel
 
 DEFAULT_TARGET_CPU_UTILIZATION = 80
 
@@ -28,6 +34,12 @@ class ChildKind:
     def group(self) -> str:
         return self.api_version.rpartition("/")[0]
 
+    @property
+    def resource(self) -> tuple[str, ...]:
+        """How kopf names the resource: group, version and plural (no group for the core API)."""
+        group, _, version = self.api_version.rpartition("/")
+        return (group, version, self.plural) if group else (version, self.plural)
+
 
 DEPLOYMENT = ChildKind("apps/v1", "Deployment", "deployments")
 SERVICE = ChildKind("v1", "Service", "services")
@@ -37,6 +49,7 @@ SERVICE_MONITOR = ChildKind("monitoring.coreos.com/v1", "ServiceMonitor", "servi
 CHILD_KINDS = (DEPLOYMENT, SERVICE, POD_DISRUPTION_BUDGET, HORIZONTAL_POD_AUTOSCALER, SERVICE_MONITOR)
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 SERVICE_MONITOR_ENDPOINTS = [{"port": "metrics", "path": "/metrics"}, {"port": "worker", "path": "/metrics"}]
+FINGERPRINT_ANNOTATION = f"{GROUP}/fingerprint"
 
 
 def kind_of(obj: dict[str, Any]) -> ChildKind:
@@ -66,12 +79,26 @@ def build_deployment(model: PyTritonModel) -> dict[str, Any]:
     return _object(DEPLOYMENT, model, spec)
 
 
+def first_deployment(deployment: dict[str, Any], model: PyTritonModel) -> dict[str, Any]:
+    """The Deployment as it is created: an autoscaled model starts with its minimum of replicas.
+
+    The count is set on creation only; from then on the autoscaler owns it (see
+    `build_replicas_handover`), and the Deployment keeps the fingerprint of the object without it.
+    """
+    if "replicas" in deployment["spec"]:
+        return deployment
+    first = copy.deepcopy(deployment)
+    first["spec"]["replicas"] = model.spec.min_replicas
+    return first
+
+
 def build_replicas_handover(model: PyTritonModel, replicas: int) -> dict[str, Any]:
     """The Deployment's current replica count alone, for a second field manager to co-own.
 
     Under server-side apply, a field that its only manager stops applying is removed, and a
-    Deployment without replicas falls back to one. Applying the live count under another manager
-    first keeps it while the autoscaler takes the field over.
+    Deployment without replicas falls back to one. Applying the live count (raised to the
+    autoscaler's minimum) under another manager first keeps it while the autoscaler takes the
+    field over.
     """
     metadata: dict[str, Any] = {"name": model.metadata.name}
     if model.metadata.namespace:
@@ -80,7 +107,7 @@ def build_replicas_handover(model: PyTritonModel, replicas: int) -> dict[str, An
         "apiVersion": DEPLOYMENT.api_version,
         "kind": DEPLOYMENT.kind,
         "metadata": metadata,
-        "spec": {"replicas": replicas},
+        "spec": {"replicas": max(replicas, model.spec.min_replicas)},
     }
 
 
@@ -188,6 +215,20 @@ _BUILDERS = {
 def desired(model: PyTritonModel, *, service_monitor: bool) -> list[dict[str, Any]]:
     """Every child object the model needs."""
     return [_BUILDERS[kind](model) for kind in wanted_kinds(model, service_monitor=service_monitor)]
+
+
+def fingerprint(child: dict[str, Any]) -> str:
+    """A digest of everything the operator sets on a child, owner reference included."""
+    canonical = json.dumps(child, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def stamped(child: dict[str, Any]) -> dict[str, Any]:
+    """The child with its fingerprint in an annotation, as it is applied."""
+    result = copy.deepcopy(child)
+    annotations = result["metadata"].setdefault("annotations", {})
+    annotations[FINGERPRINT_ANNOTATION] = fingerprint(child)
+    return result
 
 
 def unwanted(model: PyTritonModel, *, service_monitor_available: bool) -> list[ChildKind]:

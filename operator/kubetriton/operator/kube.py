@@ -5,10 +5,16 @@ applied with server-side apply under one field manager, so one request creates o
 fields the model no longer sets are removed, and fields other controllers own (an autoscaler's
 replica count) are left alone. kopf's login handlers supply the connection; nothing here knows
 whether it came from a service account or a kubeconfig.
+
+Every failure, an answer that is not a success as much as no answer at all, comes out as a
+`KubeError` that says whether trying again soon may help. A bounded number of requests is in flight
+at once: hundreds of models reconciled together queue here rather than at a busy API server, where
+they would run into the request timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import ssl
@@ -23,15 +29,34 @@ FIELD_MANAGER = "kubetriton-operator"
 HANDOVER_FIELD_MANAGER = "kubetriton-operator-handover"
 """Co-owns a Deployment's replica count while the autoscaler takes it over (see `children`)."""
 REQUEST_TIMEOUT_SECONDS = 30
+MAX_REQUESTS_IN_FLIGHT = 16
+NO_ANSWER = 0
+"""The status of a request that got no HTTP answer: a timeout or a broken connection."""
+CONFLICT, TOO_MANY_REQUESTS = 409, 429
+UNMERGEABLE = "failed to create typed patch object"
 
 
 class KubeError(Exception):
     """A Kubernetes API call that failed, with the API server's own message."""
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
+        super().__init__(message if status == NO_ANSWER else f"HTTP {status}: {message}")
         self.status = status
         self.message = message
+
+    @property
+    def temporary(self) -> bool:
+        """Whether the same request may succeed soon: no answer, a conflict, throttling, a server
+        error; but not an object that server-side apply cannot merge (say, two Service ports or two
+        env vars with the same key), which the API server also answers with a 500."""
+        if self.message.startswith(UNMERGEABLE):
+            return False
+        return self.status in (NO_ANSWER, CONFLICT, TOO_MANY_REQUESTS) or self.status >= 500
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """The namespace is being deleted, so nothing new may be created in it."""
+        return self.status == 403 and "because it is being terminated" in self.message
 
 
 def resource_path(
@@ -90,9 +115,11 @@ def ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
 class KubeApi:
     """An aiohttp session to the API server, reconnected whenever kopf logs in again."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float = REQUEST_TIMEOUT_SECONDS) -> None:
+        self._timeout = timeout
         self._info: kopf.ConnectionInfo | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._in_flight = asyncio.Semaphore(MAX_REQUESTS_IN_FLIGHT)
 
     async def connect(self, info: kopf.ConnectionInfo) -> None:
         """Use these credentials from now on."""
@@ -117,8 +144,8 @@ class KubeApi:
                 base_url=info.server.rstrip("/"),
                 headers=headers,
                 auth=auth,
-                connector=aiohttp.TCPConnector(ssl=ssl_context(info)),
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
+                connector=aiohttp.TCPConnector(ssl=ssl_context(info), limit=MAX_REQUESTS_IN_FLIGHT),
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
             )
         return self._session
 
@@ -134,15 +161,25 @@ class KubeApi:
         session = self._open()
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
-        async with session.request(method, path, data=data, headers=headers, params=params) as response:
-            text = await response.text()
-            if response.status >= 400:
-                try:
-                    message = json.loads(text).get("message", text)
-                except ValueError:
-                    message = text
-                raise KubeError(response.status, message)
-            return json.loads(text) if text else {}
+        async with self._in_flight:
+            try:
+                async with session.request(
+                    method, path, data=data, headers=headers, params=params
+                ) as response:
+                    text = await response.text()
+            except TimeoutError as error:
+                raise KubeError(
+                    NO_ANSWER, f"no answer from the API server within {self._timeout:g} s"
+                ) from error
+            except aiohttp.ClientError as error:
+                raise KubeError(NO_ANSWER, f"no answer from the API server: {error}") from error
+        if response.status >= 400:
+            try:
+                message = json.loads(text).get("message", text)
+            except ValueError:
+                message = text
+            raise KubeError(response.status, message)
+        return json.loads(text) if text else {}
 
     async def apply(
         self, obj: Mapping[str, Any], plural: str, field_manager: str = FIELD_MANAGER
@@ -162,15 +199,6 @@ class KubeApi:
         """Delete an object; False when it was not there."""
         try:
             await self._request("DELETE", resource_path(api_version, plural, namespace, name))
-        except KubeError as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
-
-    async def exists(self, api_version: str, plural: str, namespace: str | None, name: str) -> bool:
-        try:
-            await self._request("GET", resource_path(api_version, plural, namespace, name))
         except KubeError as error:
             if error.status == 404:
                 return False

@@ -1,9 +1,11 @@
 """The operator's RBAC rules: the one list that the manifest and the Helm chart are written from.
 
 Each rule names only the verbs the operator uses. Server-side apply needs `create` and `patch`;
-kopf needs `list` and `watch` on what it watches or indexes and `patch` on the models for its
-annotations. Reading CRDs tells whether ServiceMonitors exist; listing and watching CRDs and
-namespaces serves kopf's scanning, which runs when the operator watches namespace patterns.
+kopf needs `list` and `watch` on what it watches or indexes (the models, every kind of child, so
+that a deleted child is put back, and the pods) and `patch` on the models for its annotations.
+Children the spec may stop wanting are also deleted. Watching CRDs tells whether ServiceMonitors
+exist and lets kopf serve a CRD installed after the operator started; watching namespaces tells
+which ones are being deleted, and serves kopf's namespace patterns.
 """
 
 from __future__ import annotations
@@ -15,35 +17,30 @@ from kubetriton.operator import children, spec
 NAME = "kubetriton-operator"
 NAMESPACE = "kubetriton-system"
 
+WATCH = ["list", "watch"]
 RULES: list[dict[str, list[str]]] = [
-    {"apiGroups": [spec.GROUP], "resources": [spec.PLURAL], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [spec.GROUP], "resources": [spec.PLURAL], "verbs": ["get", *WATCH, "patch"]},
     {"apiGroups": [spec.GROUP], "resources": [f"{spec.PLURAL}/status"], "verbs": ["get", "patch"]},
-    {
-        "apiGroups": [children.DEPLOYMENT.group],
-        "resources": [children.DEPLOYMENT.plural],
-        "verbs": ["list", "watch", "create", "patch"],
-    },
-    {
-        "apiGroups": [children.SERVICE.group],
-        "resources": [children.SERVICE.plural],
-        "verbs": ["create", "patch"],
-    },
     *(
-        {"apiGroups": [kind.group], "resources": [kind.plural], "verbs": ["create", "patch", "delete"]}
+        {"apiGroups": [kind.group], "resources": [kind.plural], "verbs": [*WATCH, "create", "patch"]}
+        for kind in (children.DEPLOYMENT, children.SERVICE)
+    ),
+    *(
+        {
+            "apiGroups": [kind.group],
+            "resources": [kind.plural],
+            "verbs": [*WATCH, "create", "patch", "delete"],
+        }
         for kind in (
             children.POD_DISRUPTION_BUDGET,
             children.HORIZONTAL_POD_AUTOSCALER,
             children.SERVICE_MONITOR,
         )
     ),
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", *WATCH]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
-    {
-        "apiGroups": ["apiextensions.k8s.io"],
-        "resources": ["customresourcedefinitions"],
-        "verbs": ["get", "list", "watch"],
-    },
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": WATCH},
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": WATCH},
 ]
 
 

@@ -1,23 +1,34 @@
 """The kopf layer: observe models and their children, apply the desired children, write status.
 
-One level-based handler serves create, update and resume: it validates the spec, applies every
-child the builders produce (server-side apply, fixed names, owner references) and deletes the kinds
-the spec no longer needs, so running it twice or after a restart changes nothing. Deployments and
-pods are kept in kopf indexes; their events recompute the owner's status, and a Deployment deleted
-under a live model is applied again. Nothing here builds a manifest: that is `children`'s job, and
-the status is `status`'s.
+One level-based routine, `converge`, brings a model's children in line with its spec and reports
+what they show. It serves kopf's create, update and resume causes alike, a child deleted under a
+live model, a ServiceMonitor CRD that appears after the models, and the retries of a failed apply;
+running it again changes nothing. Every child kind is watched into a kopf index, so the routine
+knows what exists and what was applied (each child carries a fingerprint of it) without a request:
+an unchanged model costs no write at all.
+
+A failed apply is retried by the operator itself, with a backoff, rather than through kopf's
+handler retries: kopf keeps a failed handler's delay even when the spec changes, and a corrected
+spec is acted on at once here. The failure is kept in the status (Degraded, with the API server's
+message) until every child is applied. A namespace being deleted is left alone: nothing is
+applied, written or announced in it.
+
+Nothing here builds a manifest: that is `children`'s job, and the status is `status`'s.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kopf._cogs.structs import references
 from kubetriton.operator import children, naming, status
-from kubetriton.operator.kube import HANDOVER_FIELD_MANAGER, KubeApi, KubeError
+from kubetriton.operator.kube import FIELD_MANAGER, HANDOVER_FIELD_MANAGER, KubeApi, KubeError
 from kubetriton.operator.spec import (
     GROUP,
     PLURAL,
@@ -27,26 +38,55 @@ from kubetriton.operator.spec import (
 )
 from pydantic import ValidationError
 
+Insights = references.Insights
+"""What kopf serves (watched resources, namespaces): kopf.operator() fills in the one it is given.
+kopf does not export the type; the health endpoint reads whether the models are watched from it."""
 Login = Callable[..., kopf.ConnectionInfo | None]
 """A kopf login handler: called with kopf's keyword arguments, returns the API server connection."""
-CRD_API_VERSION = "apiextensions.k8s.io/v1"
-RETRY_DELAY_SECONDS = 30
+Key = tuple[str, str]
+"""A model's namespace and name; its children carry the name in their instance label."""
+
 CHILD_LABELS = {naming.MANAGED_BY_LABEL: naming.MANAGER}
+MODEL_CRD = f"{PLURAL}.{GROUP}"
+WATCHED_CRDS = (MODEL_CRD, children.SERVICE_MONITOR_CRD)
+RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+"""Seconds before the next attempt after a temporary failure; the last one repeats."""
+REFUSED_RETRY_DELAYS = (10.0, 30.0, 60.0, 120.0, 300.0)
+"""The same after a refusal, which usually waits for a spec change (acted on at once anyway)."""
+
+POD = children.ChildKind("v1", "Pod", "pods")
+INDEXES = {
+    children.DEPLOYMENT: "model_deployments",
+    children.SERVICE: "model_services",
+    children.POD_DISRUPTION_BUDGET: "model_disruption_budgets",
+    children.HORIZONTAL_POD_AUTOSCALER: "model_autoscalers",
+    children.SERVICE_MONITOR: "model_service_monitors",
+    POD: "model_pods",
+}
+"""The kopf index of each watched kind, keyed by the model's namespace and name."""
+MODELS_INDEX = "models"
+CRDS_INDEX = "established_crds"
+TERMINATING_INDEX = "terminating_namespaces"
+ALL_INDEXES = (MODELS_INDEX, CRDS_INDEX, TERMINATING_INDEX, *INDEXES.values())
+FORGET_HANDLER, CRD_HANDLER = "forget", "crd"
+WATCH_HANDLERS = (FORGET_HANDLER, CRD_HANDLER, *(kind.plural for kind in INDEXES))
+"""The ids of the handlers that kopf calls for every watch event of what they watch."""
 
 
 def operator_settings() -> kopf.OperatorSettings:
-    """kopf settings: state kept in annotations of our group, events only for warnings from logs,
-    and Deployments and pods filtered by the API server, so the operator never sees other apps' pods.
-    """
+    """kopf settings: state kept in annotations of our group, children filtered by the API server
+    (the operator never sees other apps' objects), and CRDs watched, so that a CRD installed after
+    the operator started is served."""
     settings = kopf.OperatorSettings()
     managed = ",".join(f"{key}={value}" for key, value in CHILD_LABELS.items())
-    settings.watching.label_selectors["apps", "v1", "deployments"] = managed
-    settings.watching.label_selectors["v1", "pods"] = managed
+    for kind in INDEXES:
+        settings.watching.label_selectors[kind.resource] = managed
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
+    settings.scanning.disabled = False
     return settings
 
 
@@ -59,193 +99,467 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _first(index: kopf.Index[Any, Any], key: tuple[str, str]) -> Any:
-    return next(iter(index.get(key, ())), None)
+def _first(index: kopf.Index[Any, Any] | None, key: Any) -> Any:
+    return next(iter(index.get(key, ()))) if index is not None and key in index else None
 
 
-def _parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PyTritonModel:
-    return PyTritonModel.model_validate(
-        {"metadata": {"name": name, "namespace": namespace}, "spec": dict(spec)}
+def _model_summary(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Key, dict[str, Any]]:
+    """What the operator needs of a model: identity, spec and status, without kopf's annotations."""
+    metadata = body.metadata
+    kept = ("name", "namespace", "uid", "generation", "deletionTimestamp")
+    return {
+        (namespace, name): {
+            "apiVersion": body["apiVersion"],
+            "kind": body["kind"],
+            "metadata": {key: metadata[key] for key in kept if key in metadata},
+            "spec": dict(body.spec),
+            "status": dict(body.status),
+        }
+    }
+
+
+def _owns_replicas(managed_fields: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the operator's own field manager applied spec.replicas."""
+    return any(
+        entry.get("manager") == FIELD_MANAGER
+        and entry.get("operation") == "Apply"
+        and "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})
+        for entry in managed_fields
     )
 
 
+DEPLOYMENT_STATUS_FIELDS = (
+    "observedGeneration",
+    "replicas",
+    "readyReplicas",
+    "updatedReplicas",
+    "conditions",
+)
+
+
+def _fingerprint_of(child: Mapping[str, Any]) -> str:
+    return ((child.get("metadata") or {}).get("annotations") or {}).get(children.FINGERPRINT_ANNOTATION, "")
+
+
+def _deployment_summary(deployment: Mapping[str, Any]) -> dict[str, Any]:
+    """What the operator needs of a Deployment: what the status reads, the fingerprint of what it
+    applied, and whether it owns the replica count."""
+    metadata, observed = deployment.get("metadata") or {}, deployment.get("status") or {}
+    return {
+        "metadata": {"name": metadata.get("name"), "generation": metadata.get("generation", 0)},
+        "spec": {"replicas": (deployment.get("spec") or {}).get("replicas", 1)},
+        "status": {name: observed[name] for name in DEPLOYMENT_STATUS_FIELDS if name in observed},
+        "fingerprint": _fingerprint_of(deployment),
+        "ownsReplicas": _owns_replicas(metadata.get("managedFields") or []),
+    }
+
+
+def _child_summary(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any) -> dict[Key, Any]:
+    """A Deployment's summary; of any other child, the fingerprint of what the operator applied."""
+    key = (namespace, labels.get(naming.INSTANCE_LABEL, ""))
+    if body.get("kind") == children.DEPLOYMENT.kind:
+        return {key: _deployment_summary(body)}
+    return {key: _fingerprint_of(body)}
+
+
+def _pod_summary(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any) -> dict[Key, Any]:
+    """What the status reads of a pod: its scheduling condition and its containers' states."""
+    observed = body.status
+
+    def containers(field: str) -> list[dict[str, Any]]:
+        kept = ("name", "ready", "state", "lastState")
+        return [{key: entry[key] for key in kept if key in entry} for entry in observed.get(field) or []]
+
+    scheduling = [c for c in observed.get("conditions") or [] if c.get("type") == "PodScheduled"]
+    return {
+        (namespace, labels.get(naming.INSTANCE_LABEL, "")): {
+            "metadata": {"name": body.metadata.name},
+            "status": {
+                "conditions": scheduling,
+                "initContainerStatuses": containers("initContainerStatuses"),
+                "containerStatuses": containers("containerStatuses"),
+            },
+        }
+    }
+
+
+def _established(body: kopf.Body, name: str, **_: Any) -> dict[str, bool]:
+    conditions = body.status.get("conditions") or []
+    return {name: any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)}
+
+
+def _terminating(body: kopf.Body, name: str, **_: Any) -> dict[str, bool]:
+    """Only namespaces being deleted are kept; any other leaves the index (an empty result)."""
+    deleting = body.status.get("phase") == "Terminating" or body.metadata.get("deletionTimestamp")
+    return {name: True} if deleting else {}
+
+
+def _watched_crd(name: str, **_: Any) -> bool:
+    return name in WATCHED_CRDS
+
+
+class ApplyError(Exception):
+    """Applying or deleting one child failed."""
+
+    def __init__(self, kind: children.ChildKind, error: KubeError) -> None:
+        super().__init__(f"{kind.kind}: {error}")
+        self.error = error
+
+
+@dataclass
+class ModelState:
+    """What the operator remembers of one model between events."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Serializes everything done for the model: kopf's handlers, child events and retries."""
+    parsed: tuple[str, int, PyTritonModel | str] | None = None
+    """uid, generation, and the model or the reason its spec is invalid."""
+    failure: status.ApplyFailure | None = None
+    attempts: int = 0
+    retry: asyncio.TimerHandle | None = None
+    written: dict[str, Any] | None = None
+    """The status last written, so that an unchanged one is not written again."""
+    applied_deployment: dict[str, Any] | None = None
+    """The Deployment as the operator's last apply returned it, until the index has caught up."""
+    stale: bool = False
+    """Children changed while the lock was held: the status is refreshed before it is let go."""
+
+    def cancel_retry(self) -> None:
+        if self.retry is not None:
+            self.retry.cancel()
+            self.retry = None
+
+
 class Reconciler:
-    """The handlers of one operator, sharing one API session."""
+    """The handlers of one operator, sharing one API session, kopf's indexes and per-model state."""
 
-    def __init__(self, api: KubeApi) -> None:
-        self.api = api
-
-    async def publish(
+    def __init__(
         self,
+        api: KubeApi,
+        retry_delays: Sequence[float] = RETRY_DELAYS,
+        refused_retry_delays: Sequence[float] = REFUSED_RETRY_DELAYS,
+    ) -> None:
+        self.api = api
+        self.retry_delays = retry_delays
+        self.refused_retry_delays = refused_retry_delays
+        self.settings = kopf.OperatorSettings()
+        self.indices: Mapping[str, kopf.Index[Any, Any]] = {}
+        self._models: dict[Key, ModelState] = {}
+        self._retries: set[asyncio.Task[None]] = set()
+
+    # What the indexes say.
+
+    def crd_established(self, name: str) -> bool:
+        return bool(_first(self.indices.get(CRDS_INDEX), name))
+
+    def not_serving_because(self, insights: Insights) -> str | None:
+        """Why models are not served yet (their CRD is missing, or kopf does not watch it yet), or
+        None when kopf watches them."""
+        if any(r.group == GROUP and r.plural == PLURAL for r in insights.watched_resources):
+            return None
+        if not self.crd_established(MODEL_CRD):
+            return f"the CustomResourceDefinition {MODEL_CRD} is not installed or not established"
+        return f"the CustomResourceDefinition {MODEL_CRD} is installed but not served yet"
+
+    def namespace_terminating(self, namespace: str) -> bool:
+        return _first(self.indices.get(TERMINATING_INDEX), namespace) is not None
+
+    def _owner(self, key: Key) -> dict[str, Any] | None:
+        """The model, unless it is gone, being deleted, or in a namespace being deleted."""
+        owner = _first(self.indices.get(MODELS_INDEX), key)
+        if owner is None or owner["metadata"].get("deletionTimestamp") or self.namespace_terminating(key[0]):
+            return None
+        return owner
+
+    def _observed(self, kind: children.ChildKind, key: Key) -> Any:
+        return _first(self.indices.get(INDEXES[kind]), key)
+
+    def _pods(self, key: Key) -> list[dict[str, Any]]:
+        index = self.indices.get(INDEXES[POD])
+        return list(index.get(key, ())) if index is not None else []
+
+    def _logger(self, owner: Mapping[str, Any]) -> kopf.Logger:
+        """A logger whose lines name the model, whichever object's event is being handled."""
+        return kopf.LocalObjectLogger(body=owner, settings=self.settings)
+
+    def _state(self, key: Key) -> ModelState:
+        return self._models.setdefault(key, ModelState())
+
+    # Lifecycle.
+
+    async def start(self, settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+        """Keep kopf's settings (for loggers) and its indexes, which outlive every handler call."""
+        self.settings = settings
+        self.indices = {index_id: kwargs[index_id] for index_id in ALL_INDEXES}
+
+    async def stop(self, **_: Any) -> None:
+        for state in self._models.values():
+            state.cancel_retry()
+        for task in list(self._retries):
+            task.cancel()
+        await asyncio.gather(*self._retries, return_exceptions=True)
+        await self.api.close()
+
+    # The level-based routine.
+
+    def _parse(self, state: ModelState, owner: Mapping[str, Any]) -> PyTritonModel | str:
+        """The validated model, or why its spec is invalid; parsed once per generation."""
+        metadata = owner["metadata"]
+        stamp = (metadata.get("uid", ""), metadata.get("generation", 0))
+        if state.parsed is None or state.parsed[:2] != stamp:
+            try:
+                parsed: PyTritonModel | str = PyTritonModel.model_validate(
+                    {
+                        "metadata": {"name": metadata["name"], "namespace": metadata["namespace"]},
+                        "spec": owner["spec"],
+                    }
+                )
+            except ValidationError as error:
+                parsed = describe_validation_error(error)
+            state.parsed = (*stamp, parsed)
+        return state.parsed[2]
+
+    async def _for_model(
+        self, key: Key, act: Callable[[Key, ModelState, dict[str, Any]], Awaitable[None]]
+    ) -> None:
+        """Run `act` on the model under its lock, unless the model is gone or being deleted."""
+        if self._owner(key) is None:
+            return
+        state = self._state(key)
+        async with state.lock:
+            owner = self._owner(key)
+            if owner is None:
+                state.cancel_retry()
+                return
+            await act(key, state, owner)
+            while state.stale and (owner := self._owner(key)) is not None:
+                state.stale = False
+                await self._refresh(key, state, owner)
+
+    async def converge(self, key: Key) -> None:
+        """Apply what the model's children lack, delete what it no longer needs, write the status."""
+        await self._for_model(key, self._converge)
+
+    async def refresh(self, key: Key) -> None:
+        """Write the status again from what the children show now.
+
+        While something else is being done for the model, the refresh is left to it (it refreshes
+        once more before it lets go), so that a burst of pod events neither waits nor piles up.
+        """
+        state = self._models.get(key)
+        if state is not None and state.lock.locked():
+            state.stale = True
+            return
+        await self._for_model(key, self._refresh)
+
+    async def _converge(self, key: Key, state: ModelState, owner: dict[str, Any]) -> None:
+        logger = self._logger(owner)
+        model = self._parse(state, owner)
+        if isinstance(model, str):
+            logger.warning(f"invalid spec: {model}")
+            state.failure = None
+            state.cancel_retry()
+        else:
+            try:
+                done = await self._apply_children(model, owner, state)
+            except ApplyError as failed:
+                if failed.error.namespace_terminating:
+                    logger.debug(f"not applied, the namespace is being deleted: {failed}")
+                    return
+                self._failed(key, state, failed, logger)
+            else:
+                state.failure, state.attempts = None, 0
+                state.cancel_retry()
+                if done:
+                    logger.info(done)
+        generation = owner["metadata"].get("generation")
+        await self._publish(key, state, owner, logger, observed_generation=generation)
+
+    async def _refresh(self, key: Key, state: ModelState, owner: dict[str, Any]) -> None:
+        await self._publish(key, state, owner, self._logger(owner))
+
+    def _failed(self, key: Key, state: ModelState, failed: ApplyError, logger: kopf.Logger) -> None:
+        """Keep the failure for the status, say so once, and try again later."""
+        temporary = failed.error.temporary
+        delays = self.retry_delays if temporary else self.refused_retry_delays
+        delay = self._schedule_retry(key, state, delays)
+        if state.failure is None or state.failure.message != str(failed):
+            logger.warning(f"applying the children failed: {failed}; retrying in {delay:g} s")
+        state.failure = status.ApplyFailure(message=str(failed), temporary=temporary)
+
+    def _schedule_retry(self, key: Key, state: ModelState, delays: Sequence[float]) -> float:
+        """Converge the model again after the next delay of its backoff; returns the delay."""
+        delay = delays[min(state.attempts, len(delays) - 1)]
+        state.attempts += 1
+        state.cancel_retry()
+        state.retry = asyncio.get_running_loop().call_later(delay, self._retry, key)
+        return delay
+
+    def _retry(self, key: Key) -> None:
+        task = asyncio.get_running_loop().create_task(self.converge(key))
+        self._retries.add(task)
+        task.add_done_callback(self._retries.discard)
+
+    async def _apply(
+        self, kind: children.ChildKind, obj: dict[str, Any], manager: str = FIELD_MANAGER
+    ) -> dict[str, Any]:
+        try:
+            return await self.api.apply(obj, kind.plural, field_manager=manager)
+        except KubeError as error:
+            raise ApplyError(kind, error) from error
+
+    async def _apply_children(self, model: PyTritonModel, owner: Mapping[str, Any], state: ModelState) -> str:
+        """Apply the children that differ from what the model wants, delete the unwanted ones that
+        exist; say what was done (nothing, for a model whose children are as it wants them)."""
+        key = (model.metadata.namespace or "", model.metadata.name)
+        monitor = self.crd_established(children.SERVICE_MONITOR_CRD)
+        applied, deleted = [], []
+        for child in children.desired(model, service_monitor=monitor):
+            kind = children.kind_of(child)
+            kopf.append_owner_reference(child, owner=dict(owner))
+            observed = self._observed(kind, key)
+            applied_before = observed["fingerprint"] if kind is children.DEPLOYMENT and observed else observed
+            if applied_before == children.fingerprint(child):
+                continue
+            child = children.stamped(child)
+            if kind is children.DEPLOYMENT and observed is None:
+                child = children.first_deployment(child, model)
+            elif kind is children.DEPLOYMENT and model.spec.autoscaling and observed["ownsReplicas"]:
+                handover = children.build_replicas_handover(model, observed["spec"]["replicas"])
+                await self._apply(kind, handover, HANDOVER_FIELD_MANAGER)
+            answer = await self._apply(kind, child)
+            if kind is children.DEPLOYMENT:
+                state.applied_deployment = _deployment_summary(answer)
+            applied.append(kind.kind)
+        for kind in children.unwanted(model, service_monitor_available=monitor):
+            if self._observed(kind, key) is None:
+                continue
+            try:
+                if await self.api.delete(kind.api_version, kind.plural, key[0], key[1]):
+                    deleted.append(kind.kind)
+            except KubeError as error:
+                raise ApplyError(kind, error) from error
+        done = [
+            f"{verb} {', '.join(kinds)}"
+            for verb, kinds in (("applied", applied), ("deleted", deleted))
+            if kinds
+        ]
+        return "; ".join(done)
+
+    # Status.
+
+    def _status(self, state: ModelState, owner: Mapping[str, Any], key: Key) -> dict[str, Any]:
+        model = self._parse(state, owner)
+        if isinstance(model, str):
+            return status.invalid_spec(key[1], key[0], model)
+        deployment, applied = self._observed(children.DEPLOYMENT, key), state.applied_deployment
+        if applied is None or (
+            deployment and deployment["metadata"]["generation"] >= applied["metadata"]["generation"]
+        ):
+            state.applied_deployment = None
+        else:
+            deployment = applied
+        return status.summarize(model, deployment, self._pods(key), state.failure)
+
+    async def _publish(
+        self,
+        key: Key,
+        state: ModelState,
         owner: Mapping[str, Any],
-        new_status: dict[str, Any],
+        logger: kopf.Logger,
         *,
         observed_generation: int | None = None,
     ) -> None:
-        """Write the status when it differs from the owner's, and post an event when Ready changes."""
-        previous = owner.get("status") or {}
-        new_status = {
-            **new_status,
-            "conditions": status.stamp_transitions(
-                new_status["conditions"], previous.get("conditions", []), _now()
-            ),
-        }
+        """Write the status when it differs from the last one written, and announce Ready changes."""
+        previous = state.written if state.written is not None else owner.get("status") or {}
+        new_status = self._status(state, owner, key)
+        new_status["conditions"] = status.stamp_transitions(
+            new_status["conditions"], previous.get("conditions", []), _now()
+        )
         if observed_generation is not None:
             new_status["observedGeneration"] = observed_generation
-        if all(previous.get(key) == value for key, value in new_status.items()):
+        if all(previous.get(name) == value for name, value in new_status.items()):
             return
-        metadata = owner["metadata"]
-        await self.api.patch_status(
-            owner["apiVersion"], PLURAL, metadata["namespace"], metadata["name"], new_status
-        )
+        try:
+            await self.api.patch_status(owner["apiVersion"], PLURAL, key[0], key[1], new_status)
+        except KubeError as error:
+            if error.status == 404:  # the model is gone
+                return
+            logger.warning(f"writing the status failed: {error}")
+            if error.temporary and state.retry is None:
+                self._schedule_retry(key, state, self.retry_delays)
+            return
+        state.written = {**previous, **new_status}
         self._announce(owner, previous.get("conditions", []), new_status["conditions"])
 
     @staticmethod
     def _announce(
         owner: Mapping[str, Any], before: list[dict[str, Any]], after: list[dict[str, Any]]
     ) -> None:
+        """An event when the model becomes ready or stops being ready, and a warning for each new
+        problem; not for the steps in between (creating, rolling out)."""
         old = next((c for c in before if c.get("type") == status.READY), {})
         new = next(c for c in after if c["type"] == status.READY)
-        if (old.get("status"), old.get("reason")) == (new["status"], new["reason"]):
-            return
-        ref = {
-            "apiVersion": owner["apiVersion"],
-            "kind": owner["kind"],
-            "metadata": {key: owner["metadata"].get(key) for key in ("name", "namespace", "uid")},
-        }
-        degraded = next(c for c in after if c["type"] == status.DEGRADED)
-        event_type = "Warning" if degraded["status"] == "True" else "Normal"
-        kopf.event(ref, type=event_type, reason=new["reason"], message=new["message"] or new["reason"])
-
-    async def _apply_children(
-        self, model: PyTritonModel, owner: Mapping[str, Any], deployed_replicas: int | None = None
-    ) -> str:
-        """Apply the wanted children, delete the unwanted ones; say what was done."""
-        monitor = await self.api.exists(
-            CRD_API_VERSION, "customresourcedefinitions", None, children.SERVICE_MONITOR_CRD
-        )
-        if model.spec.autoscaling is not None and deployed_replicas is not None:
-            handover = children.build_replicas_handover(model, deployed_replicas)
-            await self.api.apply(handover, children.DEPLOYMENT.plural, field_manager=HANDOVER_FIELD_MANAGER)
-        applied, deleted = [], []
-        for child in children.desired(model, service_monitor=monitor):
-            kopf.append_owner_reference(child, owner=owner)
-            await self.api.apply(child, children.kind_of(child).plural)
-            applied.append(child["kind"])
-        for kind in children.unwanted(model, service_monitor_available=monitor):
-            if await self.api.delete(
-                kind.api_version, kind.plural, model.metadata.namespace or "", model.metadata.name
-            ):
-                deleted.append(kind.kind)
-        return f"applied {', '.join(applied)}" + (f"; deleted {', '.join(deleted)}" if deleted else "")
-
-    async def reconcile(
-        self,
-        body: kopf.Body,
-        name: str,
-        namespace: str,
-        logger: kopf.Logger,
-        model_deployments: kopf.Index[tuple[str, str], dict[str, Any]],
-        model_pods: kopf.Index[tuple[str, str], dict[str, Any]],
-        **_: Any,
-    ) -> None:
-        """Bring the children in line with the spec, then report what they show."""
-        owner = dict(body)
-        generation = body.metadata.get("generation")
-        try:
-            model = _parse(name, namespace, body.spec)
-        except ValidationError as error:
-            message = describe_validation_error(error)
-            logger.warning(f"invalid spec: {message}")
-            await self.publish(
-                owner,
-                self._failure(name, namespace, status.INVALID_SPEC, message),
-                observed_generation=generation,
+        degraded = next(c for c in after if c["type"] == status.DEGRADED)["status"] == "True"
+        became = old.get("status") not in (None, new["status"])
+        new_problem = degraded and old.get("reason") != new["reason"]
+        if became or new_problem:
+            message = new["message"] or new["reason"]
+            kopf.event(
+                dict(owner), type="Warning" if degraded else "Normal", reason=new["reason"], message=message
             )
-            return
-        try:
-            deployed = _first(model_deployments, (namespace, name))
-            replicas = deployed["spec"]["replicas"] if deployed else None
-            outcome = await self._apply_children(model, owner, replicas)
-        except KubeError as error:
-            await self.publish(
-                owner,
-                self._failure(name, namespace, status.APPLY_FAILED, error.message),
-                observed_generation=generation,
-            )
-            raise kopf.TemporaryError(
-                f"applying children failed: {error}", delay=RETRY_DELAY_SECONDS
-            ) from error
-        logger.info(outcome)
-        key = (namespace, name)
-        pods = [pod for pod in model_pods.get(key, ())]
-        summary = status.summarize(model, _first(model_deployments, key), pods)
-        await self.publish(owner, summary, observed_generation=generation)
 
-    @staticmethod
-    def _failure(name: str, namespace: str, reason: str, message: str) -> dict[str, Any]:
-        return {
-            "selector": naming.selector_string(name),
-            "conditions": status.failure_conditions(reason, message),
-            "url": naming.http_url(name, namespace),
-            "grpcUrl": naming.grpc_url(name, namespace),
-        }
+    # kopf handlers.
 
-    async def child_changed(
-        self,
-        type: str,
-        body: kopf.Body,
-        namespace: str,
-        labels: Mapping[str, str],
-        logger: kopf.Logger,
-        model_objects: kopf.Index[tuple[str, str], dict[str, Any]],
-        model_deployments: kopf.Index[tuple[str, str], dict[str, Any]],
-        model_pods: kopf.Index[tuple[str, str], dict[str, Any]],
-        **_: Any,
+    async def reconcile(self, namespace: str, name: str, **_: Any) -> None:
+        """kopf's create, update and resume: one routine for all three."""
+        await self.converge((namespace, name))
+
+    async def model_event(self, type: str, namespace: str, name: str, **_: Any) -> None:
+        """A deleted model's state is forgotten."""
+        if type == "DELETED":
+            state = self._models.pop((namespace, name), None)
+            if state is not None:
+                state.cancel_retry()
+
+    async def child_event(
+        self, type: str, body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any
     ) -> None:
-        """A Deployment or pod of a model changed: recompute that model's status.
-
-        A Deployment deleted while its model lives is applied again at once.
-        """
+        """A child changed: a deleted one (not a pod) is applied again, anything else updates the status."""
         key = (namespace, labels.get(naming.INSTANCE_LABEL, ""))
-        owner = _first(model_objects, key)
-        if owner is None or owner["metadata"].get("deletionTimestamp"):
-            return
-        try:
-            model = _parse(key[1], namespace, owner.get("spec") or {})
-        except ValidationError:
-            return
-        if type == "DELETED" and body.get("kind") == children.DEPLOYMENT.kind:
-            logger.warning(
-                f"the Deployment of {key[1]} was deleted; {await self._apply_children(model, owner)}"
-            )
-        pods = [pod for pod in model_pods.get(key, ())]
-        await self.publish(owner, status.summarize(model, _first(model_deployments, key), pods))
+        if type == "DELETED" and body.get("kind") != POD.kind:
+            await self.converge(key)
+        else:
+            await self.refresh(key)
+
+    async def crd_event(self, type: str | None, name: str, **_: Any) -> None:
+        """The ServiceMonitor CRD appeared or changed: every model gets what it now wants."""
+        appeared = type in ("ADDED", "MODIFIED") and self.crd_established(name)
+        if appeared and name == children.SERVICE_MONITOR_CRD:
+            models = self.indices.get(MODELS_INDEX)
+            keys = list(models.keys()) if models is not None else []
+            await asyncio.gather(*(self.converge(key) for key in keys))
 
 
-def _model_object(
-    body: kopf.Body, namespace: str, name: str, **_: Any
-) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(namespace, name): dict(body)}
+@dataclass
+class Operator:
+    """The registry to run and the reconciler behind it (whose `serving` the health endpoint reads)."""
+
+    registry: kopf.OperatorRegistry
+    reconciler: Reconciler
 
 
-def _child_object(
-    body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any
-) -> dict[tuple[str, str], dict[str, Any]]:
-    """What the status needs of a Deployment or pod: names, generations, replica counts, status."""
-    summary = {
-        "metadata": {"name": body.metadata.name, "generation": body.metadata.get("generation", 0)},
-        "spec": {"replicas": body.spec.get("replicas", 1)},
-        "status": dict(body.status),
-    }
-    return {(namespace, labels.get(naming.INSTANCE_LABEL, "")): summary}
-
-
-def build_registry(login: Login = login_from_environment) -> kopf.OperatorRegistry:
+def build_operator(
+    login: Login = login_from_environment,
+    *,
+    request_timeout: float | None = None,
+    retry_delays: Sequence[float] = RETRY_DELAYS,
+    refused_retry_delays: Sequence[float] = REFUSED_RETRY_DELAYS,
+) -> Operator:
     """A registry with every handler of the operator, bound to one API session."""
     registry = kopf.OperatorRegistry()
-    api = KubeApi()
-    reconciler = Reconciler(api)
+    api = KubeApi() if request_timeout is None else KubeApi(timeout=request_timeout)
+    reconciler = Reconciler(api, retry_delays, refused_retry_delays)
 
     @kopf.on.login(registry=registry)
     async def authenticate(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -254,20 +568,21 @@ def build_registry(login: Login = login_from_environment) -> kopf.OperatorRegist
             await api.connect(info)
         return info
 
-    @kopf.on.cleanup(registry=registry)
-    async def disconnect(**_: Any) -> None:
-        await api.close()
+    kopf.on.startup(registry=registry)(reconciler.start)
+    kopf.on.cleanup(registry=registry)(reconciler.stop)
 
-    kopf.index(GROUP, VERSION, PLURAL, id="model_objects", registry=registry)(_model_object)
-    kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS, id="model_deployments", registry=registry)(
-        _child_object
-    )
-    kopf.index("v1", "pods", labels=CHILD_LABELS, id="model_pods", registry=registry)(_child_object)
+    kopf.index(GROUP, VERSION, PLURAL, id=MODELS_INDEX, registry=registry)(_model_summary)
+    crds = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+    kopf.index(*crds, id=CRDS_INDEX, when=_watched_crd, registry=registry)(_established)
+    kopf.index("v1", "namespaces", id=TERMINATING_INDEX, registry=registry)(_terminating)
+    for kind, index_id in INDEXES.items():
+        summary = _pod_summary if kind is POD else _child_summary
+        kopf.index(*kind.resource, labels=CHILD_LABELS, id=index_id, registry=registry)(summary)
+        watch = kopf.on.event(*kind.resource, labels=CHILD_LABELS, id=kind.plural, registry=registry)
+        watch(reconciler.child_event)
 
     for cause in (kopf.on.create, kopf.on.update, kopf.on.resume):
         cause(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)(reconciler.reconcile)
-    kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS, id="deployment", registry=registry)(
-        reconciler.child_changed
-    )
-    kopf.on.event("v1", "pods", labels=CHILD_LABELS, id="pod", registry=registry)(reconciler.child_changed)
-    return registry
+    kopf.on.event(GROUP, VERSION, PLURAL, id=FORGET_HANDLER, registry=registry)(reconciler.model_event)
+    kopf.on.event(*crds, id=CRD_HANDLER, when=_watched_crd, registry=registry)(reconciler.crd_event)
+    return Operator(registry, reconciler)

@@ -1,8 +1,9 @@
-"""A model's status, computed from what its Deployment and pods report.
+"""A model's status, computed from what its Deployment and pods report and what applying failed.
 
-Pure functions: the reconciler hands in the observed objects and writes back what comes out. The
-reasons name the problem a user can act on (no GPU left, image not pulled, worker crashing) rather
-than the generic "not ready".
+Pure functions: the reconciler hands in the observed objects and its last failure to apply a child,
+and writes back what comes out. The reasons name the problem a user can act on (no GPU left, image
+not pulled, worker crashing, a child the API server refused) rather than the generic "not ready".
+A refused child keeps the model Degraded, whatever its pods do, until every child is applied.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ CRASH_LOOP = "CrashLoopBackOff"
 MODEL_LOAD_FAILED = "ModelLoadFailed"
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
+APPLY_RETRYING = "ApplyRetrying"
 IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName")
 
 _SEVERITY = (
@@ -44,6 +46,15 @@ class Diagnosis:
 
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class ApplyFailure:
+    """The last attempt to apply a model's children failed; it is retried."""
+
+    message: str
+    temporary: bool
+    """No answer or a busy API server, rather than a refusal that the spec has to fix."""
 
 
 def _container_statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -114,7 +125,11 @@ def _condition(kind: str, true: bool, reason: str, message: str) -> dict[str, st
     return {"type": kind, "status": "True" if true else "False", "reason": reason, "message": message}
 
 
-def _conditions(deployment: Mapping[str, Any] | None, problem: Diagnosis | None) -> list[dict[str, str]]:
+def _conditions(
+    deployment: Mapping[str, Any] | None, problem: Diagnosis | None, least_ready: int | None
+) -> list[dict[str, str]]:
+    """Ready once the rollout is done and enough pods are ready: every wanted one, or at least
+    `least_ready` (an autoscaled model's minimum) when that is given."""
     if deployment is None:
         return [
             _condition(READY, False, "Creating", "the Deployment does not exist yet"),
@@ -128,16 +143,21 @@ def _conditions(deployment: Mapping[str, Any] | None, problem: Diagnosis | None)
     updated = status.get("updatedReplicas", 0)
     current = (deployment.get("metadata") or {}).get("generation", 0) <= status.get("observedGeneration", 0)
     rolled_out = current and updated >= wanted and status.get("replicas", 0) == updated
-    counts = f"{ready}/{wanted} replicas ready"
+    needed = wanted if least_ready is None else least_ready
+    counts = f"{ready}/{max(wanted, needed)} replicas ready"
+    if least_ready is not None:
+        counts += f" (at least {least_ready} needed)"
     if wanted == 0:
         ready_condition = _condition(READY, False, "ScaledToZero", "the model has no replicas")
-    elif rolled_out and ready >= wanted:
+    elif rolled_out and ready >= wanted and ready >= needed:
         ready_condition = _condition(READY, True, "AllReplicasReady", counts)
+    elif rolled_out and ready >= needed:
+        ready_condition = _condition(READY, True, "MinReplicasReady", counts)
     elif problem is not None:
         ready_condition = _condition(READY, False, problem.reason, f"{counts}; {problem.message}")
     else:
         ready_condition = _condition(READY, False, "ReplicasNotReady", counts)
-    settled = rolled_out and ready >= wanted
+    settled = rolled_out and ready >= max(wanted, needed)
     if settled:
         progressing = _condition(PROGRESSING, False, "RolloutComplete", counts)
     elif problem is not None:
@@ -170,7 +190,7 @@ def stamp_transitions(
 
 
 def failure_conditions(reason: str, message: str) -> list[dict[str, str]]:
-    """Conditions for a model the operator could not act on (bad spec, rejected children)."""
+    """Conditions for a model the operator could not act on (bad spec, refused children)."""
     return [
         _condition(READY, False, reason, message),
         _condition(PROGRESSING, False, reason, message),
@@ -178,10 +198,20 @@ def failure_conditions(reason: str, message: str) -> list[dict[str, str]]:
     ]
 
 
+def _retrying_conditions(conditions: list[dict[str, str]], failure: ApplyFailure) -> list[dict[str, str]]:
+    """The observed conditions, but not Ready and still progressing while the apply is retried."""
+    replaced = {
+        READY: _condition(READY, False, APPLY_RETRYING, failure.message),
+        PROGRESSING: _condition(PROGRESSING, True, APPLY_RETRYING, failure.message),
+    }
+    return [replaced.get(condition["type"], condition) for condition in conditions]
+
+
 def summarize(
     model: PyTritonModel,
     deployment: Mapping[str, Any] | None,
     pods: Iterable[Mapping[str, Any]],
+    failure: ApplyFailure | None = None,
 ) -> dict[str, Any]:
     """The status of a model, without transition times and observedGeneration."""
     pods = list(pods)
@@ -189,11 +219,28 @@ def summarize(
     deployment_status = (deployment or {}).get("status") or {}
     name, namespace = model.metadata.name, model.metadata.namespace or "default"
     ports = model.spec.service.ports
+    least_ready = model.spec.min_replicas if model.spec.autoscaling is not None else None
+    if failure is None:
+        conditions = _conditions(deployment, problem, least_ready)
+    elif failure.temporary:
+        conditions = _retrying_conditions(_conditions(deployment, problem, least_ready), failure)
+    else:
+        conditions = failure_conditions(APPLY_FAILED, failure.message)
     return {
         "replicas": deployment_status.get("replicas", 0),
         "readyReplicas": deployment_status.get("readyReplicas", 0),
         "selector": naming.selector_string(name),
-        "conditions": _conditions(deployment, problem),
+        "conditions": conditions,
         "url": naming.http_url(name, namespace, ports.http),
         "grpcUrl": naming.grpc_url(name, namespace, ports.grpc),
+    }
+
+
+def invalid_spec(name: str, namespace: str, message: str) -> dict[str, Any]:
+    """The status of a model whose spec cannot be parsed: nothing is applied until it is fixed."""
+    return {
+        "selector": naming.selector_string(name),
+        "conditions": failure_conditions(INVALID_SPEC, message),
+        "url": naming.http_url(name, namespace),
+        "grpcUrl": naming.grpc_url(name, namespace),
     }
