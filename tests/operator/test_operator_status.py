@@ -62,6 +62,10 @@ def pending_pod(message: str, reason: str = "Unschedulable") -> dict[str, Any]:
     }
 
 
+def stopping(pod: dict[str, Any]) -> dict[str, Any]:
+    return {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": True}}
+
+
 def waiting_pod(
     container: str, reason: str, message: str = "", last: dict[str, Any] | None = None, running: bool = False
 ) -> dict[str, Any]:
@@ -255,6 +259,28 @@ CASES = [
         },
     ),
     (
+        "worker loading its models",
+        MODEL,
+        deployment(ready=1),
+        [waiting_pod("worker", "", running=True)],
+        {
+            "Ready": ("False", "Loading"),
+            "Progressing": ("True", "RollingOut"),
+            "Degraded": ("False", "AsExpected"),
+        },
+    ),
+    (
+        "a stopping worker is not loading",
+        MODEL,
+        deployment(ready=1),
+        [stopping(waiting_pod("worker", "", running=True))],
+        {
+            "Ready": ("False", "ReplicasNotReady"),
+            "Progressing": ("True", "RollingOut"),
+            "Degraded": ("False", "AsExpected"),
+        },
+    ),
+    (
         "quota",
         MODEL,
         deployment(
@@ -295,6 +321,18 @@ def test_the_most_severe_problem_wins_and_its_message_is_kept() -> None:
     ready = summary["conditions"][0]
     assert ready["reason"] == "InsufficientGPU"
     assert ready["message"] == "1/2 replicas ready; 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+
+
+def test_loading_names_the_pods_that_load() -> None:
+    pods = [waiting_pod("worker", "", running=True), pending_pod("waiting for a node", reason="")]
+    pods[1]["status"]["conditions"] = []
+    ready = status.summarize(MODEL, deployment(ready=0), pods)["conditions"][0]
+    assert ready == {
+        "type": "Ready",
+        "status": "False",
+        "reason": "Loading",
+        "message": "0/2 replicas ready; the worker is loading its models in esm1-worker",
+    }
 
 
 def test_summary_fields() -> None:

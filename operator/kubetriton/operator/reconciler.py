@@ -173,7 +173,10 @@ def _pod_summary(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_
     scheduling = [c for c in observed.get("conditions") or [] if c.get("type") == "PodScheduled"]
     return {
         (namespace, labels.get(naming.INSTANCE_LABEL, "")): {
-            "metadata": {"name": body.metadata.name},
+            "metadata": {
+                "name": body.metadata.name,
+                **({"deletionTimestamp": True} if body.metadata.get("deletionTimestamp") else {}),
+            },
             "status": {
                 "conditions": scheduling,
                 "initContainerStatuses": containers("initContainerStatuses"),

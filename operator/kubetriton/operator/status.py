@@ -27,6 +27,7 @@ MODEL_LOAD_FAILED = "ModelLoadFailed"
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
 APPLY_RETRYING = "ApplyRetrying"
+LOADING = "Loading"
 IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName")
 
 _SEVERITY = (
@@ -101,6 +102,22 @@ def diagnose_pod(pod: Mapping[str, Any], gpu_resource: str) -> Diagnosis | None:
     return None
 
 
+def loading(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The pods (not stopping) whose worker runs but is not ready yet and has not failed: it is loading
+    its models, or binding them. That is no problem, however long it takes."""
+    names = []
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            running = "running" in (container.get("state") or {})
+            failed_before = ((container.get("lastState") or {}).get("terminated") or {}).get("exitCode")
+            worker = container.get("name") == WORKER_CONTAINER
+            if worker and running and not container.get("ready") and not failed_before:
+                names.append(pod["metadata"]["name"])
+    return sorted(names)
+
+
 def _deployment_problem(deployment: Mapping[str, Any]) -> Diagnosis | None:
     for condition in (deployment.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "ReplicaFailure" and condition.get("status") == "True":
@@ -126,10 +143,14 @@ def _condition(kind: str, true: bool, reason: str, message: str) -> dict[str, st
 
 
 def _conditions(
-    deployment: Mapping[str, Any] | None, problem: Diagnosis | None, least_ready: int | None
+    deployment: Mapping[str, Any] | None,
+    problem: Diagnosis | None,
+    least_ready: int | None,
+    loading_pods: list[str],
 ) -> list[dict[str, str]]:
     """Ready once the rollout is done and enough pods are ready: every wanted one, or at least
-    `least_ready` (an autoscaled model's minimum) when that is given."""
+    `least_ready` (an autoscaled model's minimum) when that is given. Not ready for no problem but
+    workers still loading reads Loading."""
     if deployment is None:
         return [
             _condition(READY, False, "Creating", "the Deployment does not exist yet"),
@@ -155,6 +176,9 @@ def _conditions(
         ready_condition = _condition(READY, True, "MinReplicasReady", counts)
     elif problem is not None:
         ready_condition = _condition(READY, False, problem.reason, f"{counts}; {problem.message}")
+    elif loading_pods:
+        message = f"{counts}; the worker is loading its models in {', '.join(loading_pods)}"
+        ready_condition = _condition(READY, False, LOADING, message)
     else:
         ready_condition = _condition(READY, False, "ReplicasNotReady", counts)
     settled = rolled_out and ready >= max(wanted, needed)
@@ -220,10 +244,11 @@ def summarize(
     name, namespace = model.metadata.name, model.metadata.namespace or "default"
     ports = model.spec.service.ports
     least_ready = model.spec.min_replicas if model.spec.autoscaling is not None else None
+    observed = _conditions(deployment, problem, least_ready, loading(pods))
     if failure is None:
-        conditions = _conditions(deployment, problem, least_ready)
+        conditions = observed
     elif failure.temporary:
-        conditions = _retrying_conditions(_conditions(deployment, problem, least_ready), failure)
+        conditions = _retrying_conditions(observed, failure)
     else:
         conditions = failure_conditions(APPLY_FAILED, failure.message)
     return {
