@@ -65,7 +65,7 @@ def test_rbac_grants_only_what_the_operator_uses() -> None:
         for rule in rbac.RULES
         for resource in rule["resources"]
     }
-    assert grants[("", "pods")] == {"get", "list", "watch"}
+    assert grants[("", "pods")] == {"list", "watch"}
     assert grants[("", "events")] == {"create", "patch"}
     assert grants[("apps", "deployments")] == {"list", "watch", "create", "patch"}
     assert grants[("kubetriton.dev", "pytritonmodels/status")] == {"get", "patch"}

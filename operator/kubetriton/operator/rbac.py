@@ -37,7 +37,7 @@ RULES: list[dict[str, list[str]]] = [
             children.SERVICE_MONITOR,
         )
     ),
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", *WATCH]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": WATCH},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": WATCH},
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": WATCH},
