@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -81,6 +82,13 @@ def _headers(requests: list[Request]) -> list[dict[str, np.ndarray]]:
     ]
 
 
+def _paced(requests: list[Request]) -> Iterator[list[dict[str, np.ndarray]]]:
+    """Two responses, each `x[0]` seconds after the one before (or the request)."""
+    for _ in range(2):
+        time.sleep(float(requests[0]["x"].flat[0]))
+        yield [{"y": request["x"]} for request in requests]
+
+
 def _stream(requests: list[Request]) -> Iterator[list[dict[str, np.ndarray]]]:
     """Yields `x[0]` responses `x + i` (the first request's `x[0]` counts for a whole batch); a negative
     `x[0]` yields one response, then fails."""
@@ -135,6 +143,9 @@ def triton() -> Iterator[Triton]:
         )
         server.bind(
             "stream", _stream, [_float_tensor("x")], [_float_tensor("y")], ModelConfig(decoupled=True)
+        )
+        server.bind(
+            "paced", _paced, [_float_tensor("x")], [_float_tensor("y")], config=ModelConfig(decoupled=True)
         )
         yield server
 
@@ -436,6 +447,46 @@ def test_decoupled_streaming(triton: Triton) -> None:
         assert next(partial)["y"].tolist() == [5.0]
         partial.close()
         assert len(list(client.infer_sample(_floats(1.0)))) == 1
+
+
+def test_decoupled_timeout_bounds_each_response_not_the_stream(triton: Triton) -> None:
+    """Responses 0.3 s apart with a 0.5 s timeout: the stream lasts longer than the timeout and ends well;
+    a response 1.5 s late times out. (The model has one instance: the slow streams come last.)"""
+
+    async def stream(inference_timeout_s: float, gap: float) -> int:
+        async with AsyncioDecoupledModelClient(
+            GRPC_URL, "paced", inference_timeout_s=inference_timeout_s
+        ) as client:
+            return len([result async for result in client.infer_sample(_floats(gap))])
+
+    with DecoupledModelClient(GRPC_URL, "paced", inference_timeout_s=0.5) as client:
+        started = time.monotonic()
+        assert len(list(client.infer_sample(_floats(0.3)))) == 2
+        assert time.monotonic() - started > 0.5, "the stream outlasted the timeout"
+        assert asyncio.run(stream(0.5, 0.3)) == 2
+        with pytest.raises(PyTritonClientTimeoutError, match=r"no response within 0\.5 s"):
+            list(client.infer_sample(_floats(1.5)))
+    with pytest.raises(PyTritonClientTimeoutError):
+        asyncio.run(stream(0.5, 1.5))
+
+
+def test_a_decoupled_client_streams_one_call_at_a_time(triton: Triton) -> None:
+    with DecoupledModelClient(GRPC_URL, "stream", init_timeout_s=30) as client:
+        first = client.infer_sample(_floats(2.0))
+        with pytest.raises(PyTritonClientInferenceServerError, match=r"^Inference is already in progress$"):
+            client.infer_sample(_floats(1.0))
+        assert len(list(first)) == 2
+        unread = client.infer_batch(np.array([[1.0]], np.float32))
+        with pytest.raises(PyTritonClientInferenceServerError, match="already in progress"):
+            client.infer_batch(np.array([[1.0]], np.float32))
+        del unread  # dropping a stream ends it
+        gc.collect()
+        partial = client.infer_sample(_floats(3.0))
+        next(partial)
+        partial.close()
+        with pytest.raises(PyTritonClientInferenceServerError, match="stream broke"):
+            list(client.infer_sample(_floats(-1.0)))
+        assert len(list(client.infer_sample(_floats(1.0)))) == 1, "a failed stream ends too"
 
 
 def test_asyncio_decoupled_streaming(triton: Triton) -> None:
