@@ -28,7 +28,7 @@ from typing import Any
 from kubetriton import podenv
 from kubetriton.drain import client_connections, request_sidecar_stop
 from kubetriton.health import HealthServer
-from kubetriton.model_repository import ModelSpec, check_model_name, name_tensors, write_model
+from kubetriton.model_repository import ModelSpec, check_model_name, name_tensors, warmup_files, write_model
 from kubetriton.server import (
     LocalTritonServer,
     claim,
@@ -239,7 +239,15 @@ class Triton:
                 f"Model '{model_name}' asks for the response cache, "
                 "but TritonConfig(cache_config=[]) turned it off"
             )
-        spec = ModelSpec(model_name, named_inputs, named_outputs, config, instances=len(funcs), strict=strict)
+        spec = ModelSpec(
+            model_name,
+            named_inputs,
+            named_outputs,
+            config,
+            instances=len(funcs),
+            strict=strict,
+            warmup_files=warmup_files(config.model_warmup or ()),
+        )
         with self._lock:
             known = {pending.name for pending, _ in self._pending} | set(self._workers)
             if model_name in known:
