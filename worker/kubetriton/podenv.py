@@ -58,6 +58,9 @@ ENV_SHM_DIR = "KUBETRITON_SHM_DIR"
 """Where the shared-memory volume is mounted in both containers (default /dev/shm)."""
 
 REPOSITORY_TOKEN_HEADER = "kubetriton-repository-token"
+ACCESS_TOKEN_HEADER = "triton-access-token"
+"""The header that carries a `TritonSecurityConfig`'s access token (over gRPC, Triton reads it from the
+metadata `triton-grpc-protocol-triton-access-token`)."""
 DEFAULT_CACHE_CONFIG = "local,size=16777216"
 """Triton's response cache, local and 16 MiB, in local mode and in the sidecar alike, so that a model bound
 with `ModelConfig(response_cache=True)` is cached in both unless the user configures the cache."""

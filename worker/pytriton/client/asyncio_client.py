@@ -140,7 +140,7 @@ class AsyncioModelClient(_protocol.ModelAddress):
         return self._model_version or ""
 
     def _headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
-        return _protocol.merged_headers(self._access_token, headers)
+        return _protocol.merged_headers(self._endpoint, self._access_token, headers)
 
     def _check_open(self) -> None:
         if self._closed:
