@@ -88,8 +88,10 @@ def triton_command(spec: PyTritonModelSpec) -> list[str]:
             f" && rm -f {stale_regions} {stop_fifo}"
             f" && mkfifo -m 600 {stop_fifo} || exit 1",
             f"tritonserver {line} & server=$!",
-            "trap 'kill -TERM \"$server\"' TERM INT",
+            # the reader starts before the trap: a subshell forked while a trap is set may swallow the
+            # SIGTERM that ends it, and then waits on the FIFO forever
             f'{{ read -r _ < {stop_fifo} && kill -TERM "$server"; }} & reader=$!',
+            "trap 'kill -TERM \"$server\"' TERM INT",
             'status=0; while kill -0 "$server" 2>/dev/null; do wait "$server"; status=$?; done',
             f'kill "$reader" 2>/dev/null; rm -f {stop_fifo}; exit "$status"',
         ]
