@@ -26,8 +26,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from pytriton.client.auth import create_auth_headers
 from pytriton.decorators import batch, triton_context
-from pytriton.exceptions import PyTritonModelConfigError, PyTritonRuntimeError
+from pytriton.exceptions import PyTritonBadParameterError, PyTritonModelConfigError, PyTritonRuntimeError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tritonclient.utils import InferenceServerException
@@ -114,6 +115,15 @@ async def async_endless(requests):
         ENDLESS["closed"] = True
 
 
+def spanned(requests):
+    """PyTriton's tracing guide instruments a callable with `traced_span`; it serves without tracing."""
+    responses = []
+    for request in requests:
+        with request.traced_span("double"):
+            responses.append({"y": request["x"] * 2})
+    return responses
+
+
 def returns_a_generator(requests):
     return (item for item in [[{"y": request["x"]} for request in requests]] * 2)
 
@@ -184,7 +194,7 @@ def flags(requests):
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[dict[str, Any]]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     http, grpc, metrics = free_ports(3)
     server_id = f"api-{os.getpid()}-{secrets.token_hex(4)}"
     config = TritonConfig(
@@ -194,6 +204,7 @@ def server() -> Iterator[dict[str, Any]]:
         metrics_port=metrics,
         http_header_forward_pattern="x-.*",
         grpc_header_forward_pattern="x-.*",
+        trace_config=[f"triton,file={tmp_path_factory.mktemp('traces') / 'trace.json'}"],
     )
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setenv("KUBETRITON_ARENA_BYTES", str(ARENA_BYTES))
@@ -253,6 +264,16 @@ def server() -> Iterator[dict[str, Any]]:
                 Tensor(name="half", shape=(1,), dtype="float32"),
             ],
         )
+        triton.bind("spanned", spanned, X, Y)
+        triton.bind("versioned", async_double, X, Y, model_version=2, config=ModelConfig(max_batch_size=8))
+        triton.bind(
+            "traced",
+            async_double,
+            X,
+            Y,
+            config=ModelConfig(max_batch_size=8),
+            trace_config=["level=TIMESTAMPS", "rate=2", "count=5", "triton,log-frequency=3"],
+        )
         yield {"triton": triton, "http": f"localhost:{http}", "grpc": f"localhost:{grpc}"}
     leaked = {name for name in shm_entries() if name.startswith(f"kubetriton-{server_id}")}
     assert not leaked, f"shared memory left behind after stop: {leaked}"
@@ -309,6 +330,63 @@ def stream_arrays(
     finally:
         client.stop_stream()
         client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bind_serves_the_model_version_given(server, protocol):
+    x = {"x": np.array([[1.5]], np.float32)}
+    for version in ("2", ""):  # "" asks for the latest
+        assert infer(server, protocol, "versioned", x, model_version=version).as_numpy("y").tolist() == [
+            [3.0]
+        ]
+    with pytest.raises(InferenceServerException, match="version 1"):
+        infer(server, protocol, "versioned", x, model_version="1")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bind_trace_config_sets_the_models_trace_settings(server, protocol):
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(server[protocol])
+    headers = create_auth_headers(server["triton"].get_access_token(), protocol)
+    extra = {"as_json": True} if protocol == "grpc" else {}
+    try:
+        traced = client.get_trace_settings("traced", headers=headers, **extra)
+        untouched = client.get_trace_settings("versioned", headers=headers, **extra)
+    finally:
+        client.close()
+    if protocol == "grpc":  # {"settings": {name: {"value": [...]}}}
+        traced, untouched = (
+            {name: entry["value"] for name, entry in settings["settings"].items()}
+            for settings in (traced, untouched)
+        )
+    values = {name: value if isinstance(value, list) else [value] for name, value in traced.items()}
+    assert values["trace_level"] == ["TIMESTAMPS"]
+    assert (values["trace_rate"], values["log_frequency"]) == (["2"], ["3"])
+    assert untouched["trace_level"] == ["OFF"]
+
+
+def test_trace_settings_of_the_server_are_refused_at_bind(server):
+    for entry in (
+        "mode=opentelemetry",
+        "opentelemetry,url=http://collector:4318/v1/traces",
+        "triton,file=/t.json",
+    ):
+        with pytest.raises(PyTritonBadParameterError, match="TritonConfig\\(trace_config"):
+            server["triton"].bind("untraced", async_double, X, Y, trace_config=[entry])
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_callable_with_traced_spans_serves(server, protocol):
+    result = infer(server, protocol, "spanned", {"x": np.array([[1.5]], np.float32)})
+    assert result.as_numpy("y").tolist() == [[3.0]]
+
+
+def test_pytriton_version_and_submodules():
+    import pytriton
+
+    assert pytriton.__version__ == "0.7.0"
+    assert pytriton.triton.Triton is Triton and pytriton.model_config.ModelConfig is ModelConfig
+    assert pytriton.client.ModelClient.__name__ == "ModelClient"
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

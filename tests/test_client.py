@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -30,6 +31,11 @@ from pytriton.client import (
     _protocol,
 )
 from pytriton.client._protocol import parse_url
+from pytriton.client.auth import (
+    GRPC_ACCESS_TOKEN_HEADER,
+    create_auth_headers,
+    extract_access_token_from_headers,
+)
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy.types import Request
 from pytriton.triton import Triton, TritonConfig
@@ -73,12 +79,22 @@ def _headers(requests: list[Request]) -> list[dict[str, np.ndarray]]:
 
     return [
         {
-            "authorization": np.array([[value(request, "authorization")]], dtype=object),
+            "token": np.array(
+                [[value(request, "triton-access-token") or value(request, GRPC_ACCESS_TOKEN_HEADER)]],
+                dtype=object,
+            ),
             "custom": np.array([[value(request, "x-custom")]], dtype=object),
             "parameter": np.array([[value(request, "level")]], dtype=object),
         }
         for request in requests
     ]
+
+
+def _paced(requests: list[Request]) -> Iterator[list[dict[str, np.ndarray]]]:
+    """Two responses, each `x[0]` seconds after the one before (or the request)."""
+    for _ in range(2):
+        time.sleep(float(requests[0]["x"].flat[0]))
+        yield [{"y": request["x"]} for request in requests]
 
 
 def _stream(requests: list[Request]) -> Iterator[list[dict[str, np.ndarray]]]:
@@ -105,21 +121,21 @@ def triton() -> Iterator[Triton]:
         http_port=HTTP_PORT,
         grpc_port=GRPC_PORT,
         metrics_port=METRICS_PORT,
-        http_header_forward_pattern="(authorization|x-.*)",
-        grpc_header_forward_pattern="(authorization|x-.*)",
+        http_header_forward_pattern="(triton-.*|x-.*)",
+        grpc_header_forward_pattern="(triton-.*|x-.*)",
     )
     with Triton(config=config) as server:
         batching = ModelConfig(max_batch_size=8)
         server.bind("double", _double, [_float_tensor("x")], [_float_tensor("y")], config=batching)
         server.bind(
-            "nobatch", _double, [_float_tensor("x")], [_float_tensor("y")], ModelConfig(batching=False)
+            "nobatch", _double, [_float_tensor("x")], [_float_tensor("y")], config=ModelConfig(batching=False)
         )
         server.bind(
             "subtract",
             _subtract,
             [_float_tensor("a"), _float_tensor("b")],
             [_float_tensor("difference")],
-            batching,
+            config=batching,
         )
         server.bind(
             "echo_bytes", _echo_bytes, [_bytes_tensor("text")], [_bytes_tensor("text")], config=batching
@@ -130,11 +146,14 @@ def triton() -> Iterator[Triton]:
             "headers",
             _headers,
             [_float_tensor("x")],
-            [_bytes_tensor("authorization"), _bytes_tensor("custom"), _bytes_tensor("parameter")],
+            [_bytes_tensor("token"), _bytes_tensor("custom"), _bytes_tensor("parameter")],
             config=batching,
         )
         server.bind(
-            "stream", _stream, [_float_tensor("x")], [_float_tensor("y")], ModelConfig(decoupled=True)
+            "stream", _stream, [_float_tensor("x")], [_float_tensor("y")], config=ModelConfig(decoupled=True)
+        )
+        server.bind(
+            "paced", _paced, [_float_tensor("x")], [_float_tensor("y")], config=ModelConfig(decoupled=True)
         )
         yield server
 
@@ -342,7 +361,7 @@ def test_first_call_waits_for_a_model_loaded_later(triton: Triton) -> None:
         time.sleep(0.5)
         assert not pending.done()
         triton.bind(
-            "late", _double, [_float_tensor("x")], [_float_tensor("y")], ModelConfig(max_batch_size=2)
+            "late", _double, [_float_tensor("x")], [_float_tensor("y")], config=ModelConfig(max_batch_size=2)
         )
         assert pending.result(timeout=60)["y"].tolist() == [3.0]
 
@@ -365,16 +384,19 @@ def test_token_headers_and_parameters_are_sent(triton: Triton, url: str) -> None
         result = client.infer_sample(
             np.array([1.0], np.float32), parameters={"level": 3}, headers={"x-custom": "yes"}
         )
-    assert result["authorization"][0] == b"Bearer s3cret"
+    assert result["token"][0] == b"s3cret"
     assert result["custom"][0] == b"yes"
     assert result["parameter"][0] == b"3"
 
 
 @BOTH_URLS
-def test_an_authorization_header_of_the_call_replaces_the_token(triton: Triton, url: str) -> None:
+def test_an_access_token_header_of_the_call_replaces_the_clients_token(triton: Triton, url: str) -> None:
+    protocol = "grpc" if url.startswith("grpc") else "http"
+    call_headers = create_auth_headers("other", protocol)
+    assert extract_access_token_from_headers(call_headers) == "other"
     with ModelClient(url, "headers", access_token="s3cret") as client:
-        result = client.infer_sample(np.array([1.0], np.float32), headers={"Authorization": "Basic b3du"})
-    assert result["authorization"][0] == b"Basic b3du"
+        result = client.infer_sample(np.array([1.0], np.float32), headers=call_headers)
+    assert result["token"][0] == b"other"
 
 
 def test_from_existing_client_reuses_the_config(triton: Triton) -> None:
@@ -436,6 +458,46 @@ def test_decoupled_streaming(triton: Triton) -> None:
         assert next(partial)["y"].tolist() == [5.0]
         partial.close()
         assert len(list(client.infer_sample(_floats(1.0)))) == 1
+
+
+def test_decoupled_timeout_bounds_each_response_not_the_stream(triton: Triton) -> None:
+    """Responses 0.3 s apart with a 0.5 s timeout: the stream lasts longer than the timeout and ends well;
+    a response 1.5 s late times out. (The model has one instance: the slow streams come last.)"""
+
+    async def stream(inference_timeout_s: float, gap: float) -> int:
+        async with AsyncioDecoupledModelClient(
+            GRPC_URL, "paced", inference_timeout_s=inference_timeout_s
+        ) as client:
+            return len([result async for result in client.infer_sample(_floats(gap))])
+
+    with DecoupledModelClient(GRPC_URL, "paced", inference_timeout_s=0.5) as client:
+        started = time.monotonic()
+        assert len(list(client.infer_sample(_floats(0.3)))) == 2
+        assert time.monotonic() - started > 0.5, "the stream outlasted the timeout"
+        assert asyncio.run(stream(0.5, 0.3)) == 2
+        with pytest.raises(PyTritonClientTimeoutError, match=r"no response within 0\.5 s"):
+            list(client.infer_sample(_floats(1.5)))
+    with pytest.raises(PyTritonClientTimeoutError):
+        asyncio.run(stream(0.5, 1.5))
+
+
+def test_a_decoupled_client_streams_one_call_at_a_time(triton: Triton) -> None:
+    with DecoupledModelClient(GRPC_URL, "stream", init_timeout_s=30) as client:
+        first = client.infer_sample(_floats(2.0))
+        with pytest.raises(PyTritonClientInferenceServerError, match=r"^Inference is already in progress$"):
+            client.infer_sample(_floats(1.0))
+        assert len(list(first)) == 2
+        unread = client.infer_batch(np.array([[1.0]], np.float32))
+        with pytest.raises(PyTritonClientInferenceServerError, match="already in progress"):
+            client.infer_batch(np.array([[1.0]], np.float32))
+        del unread  # dropping a stream ends it
+        gc.collect()
+        partial = client.infer_sample(_floats(3.0))
+        next(partial)
+        partial.close()
+        with pytest.raises(PyTritonClientInferenceServerError, match="stream broke"):
+            list(client.infer_sample(_floats(-1.0)))
+        assert len(list(client.infer_sample(_floats(1.0)))) == 1, "a failed stream ends too"
 
 
 def test_asyncio_decoupled_streaming(triton: Triton) -> None:
@@ -537,7 +599,7 @@ def test_asyncio_client(triton: Triton, url: str) -> None:
                 await client.infer_sample(_floats(1.0))
         async with AsyncioModelClient(url, "headers", access_token="t0k") as client:
             result = await client.infer_sample(_floats(1.0), headers={"x-custom": "async"})
-            assert (result["authorization"][0], result["custom"][0]) == (b"Bearer t0k", b"async")
+            assert (result["token"][0], result["custom"][0]) == (b"t0k", b"async")
 
     asyncio.run(scenario())
     time.sleep(SLOW_MODEL_S)

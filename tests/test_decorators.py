@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 from pytriton.decorators import (
     ConstantPadder,
+    InferenceRequests,
+    InferenceResults,
     TritonContext,
     batch,
     fill_optionals,
     first_value,
+    get_inference_request_batch_size,
     group_by_keys,
     group_by_values,
     pad_batch,
@@ -70,6 +73,24 @@ def test_batch_concatenates_requests_of_different_sizes_and_splits_outputs_back(
     np.testing.assert_array_equal(responses[0]["sum"], [[11.0]])
     np.testing.assert_array_equal(responses[1]["sum"], [[22.0], [33.0], [44.0]])
     np.testing.assert_array_equal(responses[1]["a_rows"], [1, 2, 3])
+
+
+def test_a_custom_decorator_finds_the_batch_size_of_each_request() -> None:
+    """A decorator written with PyTriton's helper and type names."""
+
+    def sizes(func):
+        def wrapper(requests: InferenceRequests) -> InferenceResults:
+            return [{"size": np.array([get_inference_request_batch_size(r)])} for r in func(requests)]
+
+        return wrapper
+
+    counted = sizes(lambda requests: requests)
+    assert [r["size"].tolist() for r in counted([request(a=[[1.0]]), request(a=[[1.0], [2.0], [3.0]])])] == [
+        [1],
+        [3],
+    ]
+    with pytest.raises(PyTritonValidationError, match="no batch axis"):
+        get_inference_request_batch_size({"a": np.float32(1.0)})
 
 
 def test_batch_hands_a_single_request_through_without_copying() -> None:

@@ -212,9 +212,9 @@ def test_triton_sidecar_is_the_stock_image_without_a_gpu() -> None:
 
 
 def _local_sidecar_script(spec: Any, workspace: Path) -> str:
-    """The sidecar's shell line with the workspace's token file and stop FIFO in a local directory."""
+    """The sidecar's shell line with the workspace's token files and stop FIFO in a local directory."""
     script = pod.triton_command(spec)[2]
-    for name in (podenv.REPOSITORY_TOKEN_FILE, podenv.SIDECAR_STOP_FIFO):
+    for name in (podenv.REPOSITORY_TOKEN_FILE, podenv.ACCESS_TOKEN_FILE, podenv.SIDECAR_STOP_FIFO):
         script = script.replace(f"{podenv.WORKSPACE_MOUNT}/{name}", str(workspace / name))
     return script
 
@@ -229,18 +229,20 @@ def _fake_tritonserver(directory: Path, body: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("token", ["plain", "with space", 'it\'s "quoted" $(rm -rf /) `x` \\ ;&|'])
-def test_triton_command_passes_the_token_from_the_workspace_file(tmp_path: Path, token: str) -> None:
+def test_triton_command_passes_the_tokens_from_the_workspace_files(tmp_path: Path, token: str) -> None:
     """Run the sidecar's shell line with a stand-in tritonserver that prints the arguments it got."""
     model = model_with(drainSeconds=45, triton={"args": ["--log-info=true", "--id=a b"]})
     shell, flag, _ = pod.triton_command(model.spec)
     assert (shell, flag) == ("/bin/sh", "-c")
     (tmp_path / podenv.REPOSITORY_TOKEN_FILE).write_text(token)
+    (tmp_path / podenv.ACCESS_TOKEN_FILE).write_text(f"access {token}")
     env = _fake_tritonserver(tmp_path, 'for a in "$@"; do printf "%s\\n" "$a"; done')
     script = _local_sidecar_script(model.spec, tmp_path)
     printed = subprocess.run([shell, flag, script], env=env, capture_output=True, text=True, check=True)
     expected = podenv.tritonserver_args(
         model_repository="/workspace/models",
         repository_token=token,
+        access_token=f"access {token}",
         exit_timeout_s=podenv.SIDECAR_EXIT_TIMEOUT_S,
     )
     expected += [
@@ -266,6 +268,7 @@ def test_the_sidecar_passes_a_stop_on_to_tritonserver(tmp_path: Path, stop: str)
     """A line on the stop FIFO (the draining worker) or SIGTERM (the kubelet) makes the shell send SIGTERM to
     tritonserver, and the shell exits with tritonserver's status once it has stopped."""
     (tmp_path / podenv.REPOSITORY_TOKEN_FILE).write_text("t")
+    (tmp_path / podenv.ACCESS_TOKEN_FILE).write_text("a")
     started, stopped = tmp_path / "started", tmp_path / "stopped"
     env = _fake_tritonserver(
         tmp_path,

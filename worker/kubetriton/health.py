@@ -16,7 +16,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kubetriton.server import http_ok
 from kubetriton.worker import ModelWorker
 
 
@@ -53,12 +52,12 @@ class HealthServer:
         self,
         port: int,
         *,
-        triton_http_url: str,
+        model_ready: Callable[[str], bool],
         declared_models: Iterable[str],
         workers: Callable[[], dict[str, ModelWorker]],
         draining: Callable[[], bool],
     ) -> None:
-        self._triton = triton_http_url
+        self._model_ready = model_ready
         self._declared = tuple(declared_models)
         self._workers = workers
         self._draining = draining
@@ -117,7 +116,7 @@ class HealthServer:
             worker = workers.get(model)
             if worker is None:
                 problems.append(f"{model}: not bound yet")
-            elif not http_ok(f"{self._triton}/v2/models/{model}/ready"):
+            elif not self._model_ready(model):
                 problems.append(f"{model}: not loaded in Triton")
             elif not worker.attached:
                 problems.append(f"{model}: proxy instances not attached")

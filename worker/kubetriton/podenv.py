@@ -7,6 +7,7 @@ step and the proxy model read them. Keeping them in one module is what keeps the
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 TRITON_VERSION = "2.51.0"
@@ -42,6 +43,9 @@ REPOSITORY_TOKEN_FILE = "repository-token"
 Written by `kubetriton bootstrap` (pod) or the launcher (local mode); only processes that can read
 the workspace can load or unload models, so the management API stays private to the pod.
 """
+ACCESS_TOKEN_FILE = "access-token"
+"""Below the workspace: the token of the endpoints a `TritonSecurityConfig` protects by default, written by
+`kubetriton bootstrap`; the sidecar protects them with it and `Triton().get_access_token()` returns it."""
 
 RUN_AS_UID = 1000
 """Both containers run as this non-root UID so that each can use the other's files."""
@@ -61,6 +65,12 @@ ENV_SHM_DIR = "KUBETRITON_SHM_DIR"
 """Where the shared-memory volume is mounted in both containers (default /dev/shm)."""
 
 REPOSITORY_TOKEN_HEADER = "kubetriton-repository-token"
+ACCESS_TOKEN_HEADER = "triton-access-token"
+"""The header that carries a `TritonSecurityConfig`'s access token (over gRPC, Triton reads it from the
+metadata `triton-grpc-protocol-triton-access-token`)."""
+DEFAULT_PROTECTED_ENDPOINTS = ("shared-memory", "model-repository", "statistics", "trace", "logging")
+"""The Triton endpoints that need the access token unless a `TritonSecurityConfig` says otherwise, as in
+PyTriton 0.7. The model-repository API is always restricted, by the repository token alone."""
 DEFAULT_CACHE_CONFIG = "local,size=16777216"
 """Triton's response cache, local and 16 MiB, in local mode and in the sidecar alike, so that a model bound
 with `ModelConfig(response_cache=True)` is cached in both unless the user configures the cache."""
@@ -102,10 +112,25 @@ class AttachSettings:
         )
 
 
+def restricted_api_groups(
+    repository_token: str, access_token: str | None, protected_endpoints: Sequence[str]
+) -> list[str]:
+    """Triton's restricted-API groups (`<apis>:<header>=<value>`): the model-repository API behind the
+    repository token, every other protected endpoint behind the access token. Triton lets an API belong to
+    one group only."""
+    groups = [f"model-repository:{REPOSITORY_TOKEN_HEADER}={repository_token}"]
+    others = [endpoint for endpoint in protected_endpoints if endpoint != "model-repository"]
+    if others and access_token:
+        groups.append(f"{','.join(others)}:{ACCESS_TOKEN_HEADER}={access_token}")
+    return groups
+
+
 def tritonserver_args(
     *,
     model_repository: str,
     repository_token: str,
+    access_token: str | None = None,
+    protected_endpoints: Sequence[str] = DEFAULT_PROTECTED_ENDPOINTS,
     exit_timeout_s: float = DEFAULT_DRAIN_SECONDS,
     http_port: int = HTTP_PORT,
     grpc_port: int = GRPC_PORT,
@@ -114,10 +139,10 @@ def tritonserver_args(
 ) -> list[str]:
     """The tritonserver arguments, identical for the local launcher and the pod's sidecar.
 
-    Models are loaded explicitly by the worker, readiness is strict, and the model-repository API
-    demands the token.
+    Models are loaded explicitly by the worker, readiness is strict, the model-repository API demands the
+    repository token and the protected endpoints the access token.
     """
-    restricted = f"model-repository:{REPOSITORY_TOKEN_HEADER}={repository_token}"
+    groups = restricted_api_groups(repository_token, access_token, protected_endpoints)
     return [
         f"--model-repository={model_repository}",
         "--model-control-mode=explicit",
@@ -128,7 +153,7 @@ def tritonserver_args(
         f"--grpc-port={grpc_port}",
         "--allow-metrics=true",
         f"--metrics-port={metrics_port}",
-        f"--http-restricted-api={restricted}",
-        f"--grpc-restricted-protocol={restricted}",
+        *(f"--http-restricted-api={group}" for group in groups),
+        *(f"--grpc-restricted-protocol={group}" for group in groups),
         f"--log-verbose={log_verbose}",
     ]

@@ -1,9 +1,8 @@
 """The Triton server a `Triton()` object serves through: a local process, or the pod's sidecar.
 
-Both expose the same things to the rest of the runtime: where the model repository is, the HTTP URL
-of the server, the repository token, and a way to wait for liveness. Only the local server owns a
-process; stopping it drains in-flight requests (SIGTERM, Triton's exit timeout) and removes every
-shared-memory file it created.
+Both are reached through a `TritonControl` (liveness, model loading) holding the repository token. Only the
+local server owns a process; stopping it drains in-flight requests (SIGTERM, Triton's exit timeout) and
+removes every shared-memory file it created.
 """
 
 from __future__ import annotations
@@ -18,16 +17,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
-import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pytriton.exceptions import PyTritonRuntimeError
 
-from kubetriton.podenv import tritonserver_args
+from kubetriton.control import TritonControl
+from kubetriton.podenv import DEFAULT_PROTECTED_ENDPOINTS, tritonserver_args
 from kubetriton.triton_home import TritonHome
 
-LIVENESS_POLL_S = 0.05
 OWNER_LOCK = ".owner.lock"
 TRITON_REGION_SUFFIX = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 """What Triton's Python backend appends to the shared-memory prefix for each region it creates."""
@@ -79,26 +77,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def http_ok(url: str, timeout_s: float = 2.0) -> bool:
-    """Whether a GET of `url` answers 200: Triton's health and readiness endpoints."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return response.status == 200
-    except OSError:  # refused, reset, timed out, or an HTTP error status
-        return False
-
-
-def wait_until_live(http_url: str, timeout_s: float, is_running: callable = lambda: True) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not is_running():
-            raise PyTritonRuntimeError("tritonserver exited during start-up")
-        if http_ok(f"{http_url}/v2/health/live", timeout_s=1):
-            return
-        time.sleep(LIVENESS_POLL_S)
-    raise PyTritonRuntimeError(f"Triton at {http_url} did not become live within {timeout_s:.0f} s")
-
-
 class LocalTritonServer:
     """A tritonserver child process with its model repository and shared memory in private places."""
 
@@ -116,19 +94,33 @@ class LocalTritonServer:
         exit_timeout_s: float,
         log_verbose: int,
         extra_args: list[str],
+        access_token: str | None = None,
+        protected_endpoints: Sequence[str] = DEFAULT_PROTECTED_ENDPOINTS,
+        control_url: str | None = None,
+        listening: Mapping[str, int] | None = None,
     ) -> None:
-        self.model_repository = model_repository
-        self.repository_token = repository_token
-        self.http_url = f"http://127.0.0.1:{http_port}"
+        """`control_url` is where kubetriton manages the server (its HTTP port on this machine by default);
+        `listening` names the ports that must be free before launching (HTTP, gRPC and metrics by default)."""
+        self.control = TritonControl(
+            control_url or f"http://127.0.0.1:{http_port}",
+            repository_token=repository_token,
+            access_token=access_token,
+        )
         self._home = home
         self._shm_prefix = shm_prefix
         self._log_path = log_path
         self._exit_timeout_s = exit_timeout_s
-        self._ports = {"HTTP": http_port, "gRPC": grpc_port, "metrics": metrics_port}
+        self._ports = (
+            {"HTTP": http_port, "gRPC": grpc_port, "metrics": metrics_port}
+            if listening is None
+            else listening
+        )
         self._args = [
             *tritonserver_args(
                 model_repository=str(model_repository),
                 repository_token=repository_token,
+                access_token=access_token,
+                protected_endpoints=protected_endpoints,
                 exit_timeout_s=exit_timeout_s,
                 http_port=http_port,
                 grpc_port=grpc_port,
@@ -155,7 +147,7 @@ class LocalTritonServer:
                 preexec_fn=_die_with_parent,
             )
         try:
-            wait_until_live(self.http_url, timeout_s, self.is_running)
+            self.control.wait_until_live(timeout_s, self.is_running)
         except PyTritonRuntimeError as error:
             self.stop()
             raise PyTritonRuntimeError(
@@ -195,6 +187,7 @@ class LocalTritonServer:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        self.control.close()
         if self._shm_lock is not None:
             remove_owned(Path(self._shm_prefix))
             os.close(self._shm_lock)

@@ -44,10 +44,16 @@ from pytriton.proxy.types import Request
 
 __all__ = [
     "ConstantPadder",
+    "InferenceRequest",
+    "InferenceRequests",
+    "InferenceResult",
+    "InferenceResults",
+    "InputNames",
     "TritonContext",
     "batch",
     "fill_optionals",
     "first_value",
+    "get_inference_request_batch_size",
     "group_by_keys",
     "group_by_values",
     "pad_batch",
@@ -55,6 +61,13 @@ __all__ = [
     "triton_context",
     "use_triton_context",
 ]
+
+InputNames = list[str]
+InferenceRequest = Mapping[str, np.ndarray]
+"""One request's inputs by name, as a request-list decorator receives it (a `Request` is one)."""
+InferenceRequests = list[InferenceRequest] | tuple[InferenceRequest, ...]
+InferenceResult = dict[str, np.ndarray]
+InferenceResults = list[InferenceResult] | tuple[InferenceResult, ...]
 
 TRITON_CONTEXT_FIELD_NAME = "triton_context"
 """The keyword argument `@triton_context` adds; no input may have this name."""
@@ -180,7 +193,8 @@ def _read_only(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def _batch_size(request: Mapping[str, np.ndarray]) -> int:
+def get_inference_request_batch_size(request: InferenceRequest) -> int:
+    """The batch size of a request: the first axis of its first input."""
     for value in request.values():
         if getattr(value, "ndim", 0) < 1:
             raise PyTritonValidationError(
@@ -275,7 +289,7 @@ def batch(func: Callable[..., Any]) -> Callable[..., Any]:
                 f"@batch inputs {clashing} clash with keyword arguments of the call"
             )
         inputs = {name: _concatenate(name, [request[name] for request in requests]) for name in names}
-        sizes = [_batch_size(request) for request in requests]
+        sizes = [get_inference_request_batch_size(request) for request in requests]
         context = _with_parameters(_active_context(), _shared_parameters(requests))
 
         def split(result: Any) -> list[dict[str, Any] | Request]:
@@ -541,7 +555,7 @@ def group_by_values(
             context = _active_context()
             _check_declared(keys, context, "group_by_values")
             present = [key for key in keys if key in inputs]
-            batch_size = _batch_size(inputs)
+            batch_size = get_inference_request_batch_size(inputs)
             key_arrays = [_batch_axis(inputs[key], key) for key in present]
             rows: dict[tuple[Any, ...], list[int]] = {}
             for row in range(batch_size):
@@ -638,7 +652,7 @@ def fill_optionals(**defaults: np.ndarray) -> Callable[[Callable[..., Any]], Cal
                 if not missing:
                     filled.append(request)
                     continue
-                size = _batch_size(request) if batching and len(request) else 1
+                size = get_inference_request_batch_size(request) if batching and len(request) else 1
                 data = dict(request.items())
                 for name in missing:
                     value = values[name]
@@ -679,7 +693,7 @@ def pad_batch(func: Callable[..., Any]) -> Callable[..., Any]:
             raise PyTritonValidationError(
                 "@pad_batch needs the batch sizes of a batching model; call it with a model context active"
             )
-        size = _batch_size(inputs)
+        size = get_inference_request_batch_size(inputs)
         preferred = config.batcher.preferred_batch_size or []
         targets = sorted(
             {target for target in preferred if target <= config.max_batch_size} | {config.max_batch_size}

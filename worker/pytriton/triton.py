@@ -1,9 +1,10 @@
 """Triton: bind inference callables to a Triton server and serve them.
 
 `Triton()` launches a local `tritonserver` by default. Inside a pod rendered by the kubetriton operator
-(`KUBETRITON_MODE=attach`), it attaches to the Triton sidecar instead. The same script runs unchanged
-in both places: `bind()` writes the model into the repository Triton reads, starts the worker instances
-that execute the callable, and loads the model through Triton's repository API.
+(`KUBETRITON_MODE=attach`), it attaches to the Triton sidecar instead, and `RemoteTriton` attaches to any
+Triton prepared the same way. The same script runs unchanged in all places: `bind()` writes the model into
+the repository Triton reads, starts the worker instances that execute the callable, and loads the model
+through Triton's repository API.
 """
 
 from __future__ import annotations
@@ -11,36 +12,32 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import json
 import logging
 import os
+import re
 import secrets
 import signal
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Sequence
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kubetriton import podenv
+from kubetriton.control import TritonControl
 from kubetriton.drain import client_connections, request_sidecar_stop
 from kubetriton.health import HealthServer
-from kubetriton.model_repository import ModelSpec, check_model_name, name_tensors, write_model
-from kubetriton.server import (
-    LocalTritonServer,
-    claim,
-    http_ok,
-    remove_abandoned,
-    remove_owned,
-    wait_until_live,
-)
+from kubetriton.model_repository import ModelSpec, check_model_name, name_tensors, warmup_files, write_model
+from kubetriton.server import LocalTritonServer, claim, remove_abandoned, remove_owned
 from kubetriton.triton_home import locate
 from kubetriton.worker import ModelWorker, TransportSettings
 
+from pytriton.client._protocol import parse_url
 from pytriton.exceptions import (
+    PyTritonBadParameterError,
+    PyTritonError,
     PyTritonInvalidOperationError,
     PyTritonModelConfigError,
     PyTritonRuntimeError,
@@ -51,8 +48,30 @@ from pytriton.model_config import ModelConfig, Tensor
 LOGGER = logging.getLogger(__name__)
 
 ENV_CONFIG_PREFIX = "PYTRITON_TRITON_CONFIG_"
+VALID_TRITON_ENDPOINTS = frozenset(
+    {
+        "health",
+        "metadata",
+        "inference",
+        "shared-memory",
+        "model-config",
+        "model-repository",
+        "statistics",
+        "trace",
+        "logging",
+    }
+)
+"""The endpoint groups Triton can restrict (its `--http-restricted-api` and `--grpc-restricted-protocol`)."""
+DEFAULT_PROTECTED_ENDPOINTS = list(podenv.DEFAULT_PROTECTED_ENDPOINTS)
+TRITON_ACCESS_HEADER = podenv.ACCESS_TOKEN_HEADER
 SIDECAR_WAIT_S = 600.0
-MODEL_LOAD_TIMEOUT_S = 300.0
+REMOTE_WAIT_S = 120.0
+"""How long RemoteTriton waits for its Triton to become live."""
+REMOTE_DRAIN_S = 30.0
+"""How long a stopping RemoteTriton waits for requests in flight before it unloads its models."""
+SAGEMAKER_PORT = 8080
+VERTEX_AI_PORT = 8080
+"""Triton's default ports for the SageMaker and Vertex AI endpoints."""
 DRAIN_QUIET_S = 0.5
 DRAIN_POLL_S = 0.1
 SIDECAR_UNLOAD_S = 10.0
@@ -67,65 +86,131 @@ bound with `ModelConfig(response_cache=True)` use it."""
 LOAD_ERROR_LOG_LINES = 200
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class TritonConfig:
-    """Settings of the local Triton server. Each field can also be set from the environment as
-    `PYTRITON_TRITON_CONFIG_<FIELD>` (for example `PYTRITON_TRITON_CONFIG_HTTP_PORT=8010`);
-    a value given here wins over the environment.
+    """Settings of the Triton server, PyTriton 0.7's fields with Triton's meanings; each reaches
+    `tritonserver` as the argument of the same name (`grpc_use_ssl` is `--grpc-use-ssl`). A field left
+    `None` keeps Triton's default, or kubetriton's where it has one (ports 8000-8002, strict readiness,
+    a 16 MiB response cache). Keyword arguments only, as in PyTriton.
 
-    Header forwarding is opt-in, as in PyTriton: HTTP/gRPC headers whose names match
-    `http_header_forward_pattern` / `grpc_header_forward_pattern` reach `Request.parameters`.
-    `cache_config` defaults to a 16 MiB local response cache; `[]` turns the cache off.
+    Every field can also come from the environment (see `from_env`); a value given here wins. In a pod
+    the server is the sidecar, whose arguments come from the PyTritonModel: there only `log_verbose` is
+    accepted (kubetriton sets it through Triton's logging API), the other fields are refused.
     """
 
-    id: str | None = None
     model_repository: Path | None = None
+    id: str | None = None
     log_verbose: int | None = None
     log_file: Path | None = None
     exit_timeout_secs: int | None = None
-    http_port: int | None = None
-    grpc_port: int | None = None
-    metrics_port: int | None = None
+    exit_on_error: bool | None = None
+    strict_readiness: bool | None = None
+    allow_http: bool | None = None
     http_address: str | None = None
-    grpc_address: str | None = None
-    metrics_address: str | None = None
+    http_port: int | None = None
     http_header_forward_pattern: str | None = None
+    http_thread_count: int | None = None
+    http_restricted_api: str | None = None
+    allow_grpc: bool | None = None
+    grpc_address: str | None = None
+    grpc_port: int | None = None
     grpc_header_forward_pattern: str | None = None
+    grpc_infer_allocation_pool_size: int | None = None
+    grpc_use_ssl: bool | None = None
+    grpc_use_ssl_mutual: bool | None = None
+    grpc_server_cert: Path | None = None
+    grpc_server_key: Path | None = None
+    grpc_root_cert: Path | None = None
+    grpc_infer_response_compression_level: str | None = None
+    grpc_keepalive_time: int | None = None
+    grpc_keepalive_timeout: int | None = None
+    grpc_keepalive_permit_without_calls: bool | None = None
+    grpc_http2_max_pings_without_data: int | None = None
+    grpc_http2_min_recv_ping_interval_without_data: int | None = None
+    grpc_http2_max_ping_strikes: int | None = None
+    grpc_restricted_protocol: str | None = None
     allow_metrics: bool | None = None
+    allow_gpu_metrics: bool | None = None
+    allow_cpu_metrics: bool | None = None
+    metrics_interval_ms: int | None = None
+    metrics_port: int | None = None
+    metrics_address: str | None = None
+    allow_sagemaker: bool | None = None
+    sagemaker_port: int | None = None
+    sagemaker_safe_port_range: str | None = None
+    sagemaker_thread_count: int | None = None
+    allow_vertex_ai: bool | None = None
+    vertex_ai_port: int | None = None
+    vertex_ai_thread_count: int | None = None
+    vertex_ai_default_model: str | None = None
+    metrics_config: list[str] | None = None
+    trace_config: list[str] | None = None
     cache_config: list[str] | None = None
     cache_directory: str | None = None
     buffer_manager_thread_count: int | None = None
 
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is not None and _field_kind(field.name) is Path and not isinstance(value, Path):
+                setattr(self, field.name, Path(value))
+        if self.allow_http is False and self.allow_grpc is False:
+            raise PyTritonValidationError(
+                "TritonConfig: allow_http and allow_grpc cannot both be False; Triton must serve one of them"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
     @classmethod
-    def from_env(cls) -> TritonConfig:
+    def from_dict(cls, config: Mapping[str, Any]) -> TritonConfig:
+        """A TritonConfig from a mapping of field names to values. Strings are parsed into the field's type
+        as `from_env` describes; names that are no field are logged and ignored, as in PyTriton."""
         values: dict[str, Any] = {}
-        for field in dataclasses.fields(cls):
-            raw = os.environ.get(ENV_CONFIG_PREFIX + field.name.upper())
-            if raw is None:
-                continue
-            if field.name in (
-                "log_verbose",
-                "exit_timeout_secs",
-                "buffer_manager_thread_count",
-            ) or field.name.endswith("_port"):
-                values[field.name] = int(raw)
-            elif field.name == "allow_metrics":
-                values[field.name] = raw.lower() in ("1", "true", "yes")
-            elif field.name == "cache_config":
-                values[field.name] = [item for item in raw.split(";") if item]
-            elif field.name in ("model_repository", "log_file"):
-                values[field.name] = Path(raw)
+        for name, value in config.items():
+            if name not in _FIELD_KINDS:
+                LOGGER.warning(
+                    "Ignoring %s=%r: TritonConfig has no such field (fields: %s)",
+                    name,
+                    value,
+                    ", ".join(_FIELD_KINDS),
+                )
+            elif isinstance(value, str):
+                values[name] = _parse_field(name, value)
             else:
-                values[field.name] = raw
+                values[name] = list(value) if value is not None and _field_kind(name) is list else value
         return cls(**values)
 
-    def __post_init__(self) -> None:
-        for name in ("model_repository", "log_file"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, Path):
-                setattr(self, name, Path(value))
+    @classmethod
+    def from_env(cls) -> TritonConfig:
+        """A TritonConfig from the `PYTRITON_TRITON_CONFIG_<FIELD>` variables that are set; the other
+        fields stay None. Integers must parse as such (else ValueError); booleans are `1`, `true`, `yes`
+        or `on`, and `0`, `false`, `no` or `off`, in any case (anything else is a ValueError); paths become
+        `Path`s. A list field is given item by item, `PYTRITON_TRITON_CONFIG_CACHE_CONFIG_0`, `..._1`
+        (in index order), or as one variable whose items are separated by `;` (empty: no items)."""
+        plain: dict[str, str] = {}
+        indexed: dict[str, dict[int, str]] = {}
+        for variable, value in os.environ.items():
+            if not variable.startswith(ENV_CONFIG_PREFIX):
+                continue
+            key = variable[len(ENV_CONFIG_PREFIX) :].lower()
+            item = _INDEXED_ITEM.match(key)
+            if item and _FIELD_KINDS.get(item.group(1)) is list:
+                indexed.setdefault(item.group(1), {})[int(item.group(2))] = value
+            else:
+                plain[key] = value
+        config: dict[str, Any] = dict(plain)
+        for name, items in indexed.items():
+            if name in plain:
+                raise ValueError(
+                    f"Set either {ENV_CONFIG_PREFIX}{name.upper()} or {ENV_CONFIG_PREFIX}{name.upper()}_<n>, "
+                    "not both"
+                )
+            config[name] = [items[index] for index in sorted(items)]
+        return cls.from_dict(config)
 
     def merged_over(self, base: TritonConfig) -> TritonConfig:
+        """A copy of `base` with this config's non-None fields laid over it."""
         return dataclasses.replace(
             base,
             **{
@@ -136,24 +221,117 @@ class TritonConfig:
         )
 
     def extra_args(self) -> list[str]:
-        """tritonserver arguments for the optional fields (the rest come from the pod contract)."""
+        """`tritonserver` arguments for every field set, except those kubetriton passes itself (the model
+        repository, log settings, exit timeout and ports). They come after kubetriton's own arguments, so
+        that `strict_readiness` and `allow_metrics` override kubetriton's defaults."""
         args = []
-        for name in (
-            "http_address",
-            "grpc_address",
-            "metrics_address",
-            "http_header_forward_pattern",
-            "grpc_header_forward_pattern",
-            "cache_directory",
-            "buffer_manager_thread_count",
-        ):
-            value = getattr(self, name)
-            if value is not None:
-                args.append(f"--{name.replace('_', '-')}={value}")
-        if self.allow_metrics is False:
-            args.append("--allow-metrics=false")
-        args += [f"--cache-config={item}" for item in self.cache_config or ()]
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is None or field.name in _ARGS_OF_THE_LAUNCHER:
+                continue
+            flag = "--" + field.name.replace("_", "-")
+            if isinstance(value, bool):
+                args.append(f"{flag}={str(value).lower()}")
+            elif isinstance(value, list):
+                args += [f"{flag}={item}" for item in value]
+            else:
+                args.append(f"{flag}={value}")
         return args
+
+
+_ARGS_OF_THE_LAUNCHER = frozenset(
+    {
+        "model_repository",
+        "log_verbose",
+        "log_file",
+        "exit_timeout_secs",
+        "http_port",
+        "grpc_port",
+        "metrics_port",
+    }
+)
+_INDEXED_ITEM = re.compile(r"^(.+?)_(\d+)$")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _field_kind(name: str) -> type:
+    return _FIELD_KINDS[name]
+
+
+def _parse_field(name: str, raw: str) -> Any:
+    kind = _field_kind(name)
+    if kind is bool:
+        if raw.lower() in _TRUE + _FALSE:
+            return raw.lower() in _TRUE
+        raise ValueError(f"TritonConfig.{name}: {raw!r} is not a boolean (true/false, 1/0, yes/no, on/off)")
+    if kind is list:
+        return [item for item in raw.split(";") if item]
+    return kind(raw)
+
+
+def _kinds(cls: type) -> dict[str, type]:
+    """Each field's type without its `None`: bool, int, str, Path or list."""
+    kinds = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        (kind,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
+        kinds[name] = list if typing.get_origin(kind) is list else kind
+    return kinds
+
+
+_FIELD_KINDS = _kinds(TritonConfig)
+
+
+@dataclasses.dataclass
+class TritonLifecyclePolicy:
+    """When Triton is launched, and how it gets the bound models.
+
+    `launch_triton_on_startup=False`: entering `with Triton()` neither launches nor attaches; `run()`,
+    `connect()` or `serve()` does. `local_model_store=True`: models bound before the launch are written into
+    the repository first and Triton loads them as it starts (local mode only; Vertex AI needs its models at
+    start-up); models bound later are loaded through the repository API as usual.
+    """
+
+    launch_triton_on_startup: bool = True
+    local_model_store: bool = False
+
+
+DefaultTritonLifecyclePolicy = TritonLifecyclePolicy()
+VertextAILifecyclePolicy = TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True)
+"""What `Triton()` uses when `TritonConfig(allow_vertex_ai=True)` and no policy is given (PyTriton's name)."""
+
+
+@dataclasses.dataclass
+class TritonSecurityConfig:
+    """Which Triton endpoints need an access token, and the token.
+
+    `restricted_endpoints=None` protects `DEFAULT_PROTECTED_ENDPOINTS`; `[]` protects none. Without an
+    `access_token`, one is generated when something is protected. Clients send it in the
+    `triton-access-token` header (`ModelClient(..., access_token=...)` does). The model-repository API is
+    restricted in any case, by kubetriton's own token: the access token never opens it.
+    """
+
+    access_token: str | None = None
+    restricted_endpoints: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.restricted_endpoints is None:
+            self.restricted_endpoints = list(DEFAULT_PROTECTED_ENDPOINTS)
+        unknown = sorted(set(self.restricted_endpoints) - VALID_TRITON_ENDPOINTS)
+        if unknown:
+            raise PyTritonValidationError(
+                f"Unknown Triton endpoints {', '.join(unknown)}; "
+                f"the endpoints are {', '.join(sorted(VALID_TRITON_ENDPOINTS))}"
+            )
+        self._token_generated = self.access_token is None and bool(self.restricted_endpoints)
+        if self._token_generated:
+            self.access_token = secrets.token_urlsafe(32)
+
+
+def _is_default_security(config: TritonSecurityConfig) -> bool:
+    """Whether `config` is `TritonSecurityConfig()`: the default endpoints and a generated token."""
+    return config._token_generated and set(config.restricted_endpoints or ()) == set(
+        DEFAULT_PROTECTED_ENDPOINTS
+    )
 
 
 def _is_generator_callable(func: Callable[..., Any]) -> bool:
@@ -162,41 +340,65 @@ def _is_generator_callable(func: Callable[..., Any]) -> bool:
     return inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target)
 
 
-class Triton:
-    """Serves bound callables through Triton. Use as a context manager, or call run() and stop()."""
-
-    def __init__(self, *, config: TritonConfig | None = None, workspace: str | Path | None = None) -> None:
-        self._config = (config or TritonConfig()).merged_over(TritonConfig.from_env())
-        self._attach = podenv.AttachSettings.from_environ()
-        self._debug = (self._config.log_verbose or 0) > 0 or os.environ.get("KUBETRITON_DEBUG") == "1"
-        self._workspace_lock: int | None = None
-        if self._attach is not None:
-            self._workspace = Path(self._attach.workspace)
-        elif workspace is None:
-            for parent in (tempfile.gettempdir(), podenv.SHM_MOUNT):
-                remove_abandoned(Path(parent))
-            self._workspace = Path(tempfile.mkdtemp(prefix="kubetriton-"))
-            self._workspace_lock = claim(self._workspace)
+def _model_trace_settings(model_name: str, trace_config: Sequence[str]) -> dict[str, Any]:
+    """The settings of Triton's per-model trace API for `bind(trace_config=...)`, written as Triton's
+    `--trace-config` entries: `level=`, `rate=`, `count=` and `triton,log-frequency=`. The trace mode, file
+    and OpenTelemetry settings are the server's alone (`TritonConfig.trace_config`)."""
+    settings: dict[str, Any] = {}
+    for entry in trace_config:
+        key, _, value = entry.removeprefix("triton,").partition("=")
+        if key == "level" and value:
+            settings.setdefault("trace_level", []).append(value)
+        elif key in _TRACE_SETTING_NAMES and value:
+            settings[_TRACE_SETTING_NAMES[key]] = value
         else:
-            self._workspace = Path(workspace)
-        self._server: LocalTritonServer | None = None
-        self._http_url = ""
-        self._repository_token = ""
-        self._model_repository = self._workspace / podenv.MODELS_SUBDIR
+            raise PyTritonBadParameterError(
+                f"Model '{model_name}': trace_config entry {entry!r} is not a per-model trace setting "
+                "(level=, rate=, count=, triton,log-frequency=); the trace mode, file and OpenTelemetry "
+                "settings belong to the server: TritonConfig(trace_config=[...])"
+            )
+    return settings
+
+
+_TRACE_SETTING_NAMES = {"rate": "trace_rate", "count": "trace_count", "log-frequency": "log_frequency"}
+
+
+def _restricted_apis(group: str) -> set[str]:
+    """The APIs of a Triton restricted-API group `<apis>:<header>=<value>`."""
+    return set(group.split(":", 1)[0].split(","))
+
+
+class _Serving:
+    """What Triton and RemoteTriton share: binding callables, loading them into Triton with their workers,
+    serving, keeping them loaded and stopping. A subclass says how Triton is reached (`_start_triton`, which
+    sets the control and the transport) and how it is left (`_leave_triton`)."""
+
+    def __init__(self, *, workspace: Path, lifecycle: TritonLifecyclePolicy, debug: bool) -> None:
+        self._workspace = workspace
+        self._lifecycle = lifecycle
+        self._debug = debug
+        self._control: TritonControl | None = None
+        self._model_repository = workspace / podenv.MODELS_SUBDIR
         self._transport: TransportSettings | None = None
         self._pending: list[tuple[ModelSpec, list[Callable[..., Any]]]] = []
         self._workers: dict[str, ModelWorker] = {}
+        self._trace_settings: dict[str, dict[str, Any]] = {}
         self._fatal: BaseException | None = None
         self._stop_requested = threading.Event()
         self._signalled = False
-        self._health: HealthServer | None = None
         self._draining = False
         self._started = False
+        self._connected = False
         self._stopped = False
         self._lock = threading.RLock()
 
-    def __enter__(self) -> Triton:
-        self._start()
+    def __enter__(self) -> Any:
+        if self._lifecycle.launch_triton_on_startup:
+            try:
+                self.connect()
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -208,16 +410,23 @@ class Triton:
         infer_func: Callable[..., Any] | Sequence[Callable[..., Any]],
         inputs: Sequence[Tensor],
         outputs: Sequence[Tensor],
+        model_version: int = 1,
         config: ModelConfig | None = None,
         strict: bool = False,
+        trace_config: list[str] | None = None,
     ) -> None:
-        """Serve `infer_func` as `model_name`. A list of callables gives one Triton instance each."""
+        """Serve `infer_func` as version `model_version` of `model_name`. A list of callables gives one
+        Triton instance each. `trace_config` sets Triton's trace settings for this model."""
         try:
             check_model_name(model_name)
             named_inputs = name_tensors(inputs, "INPUT")
             named_outputs = name_tensors(outputs, "OUTPUT")
         except ValueError as error:
             raise PyTritonValidationError(str(error)) from None
+        if isinstance(model_version, bool) or not isinstance(model_version, int) or model_version < 1:
+            raise PyTritonValidationError(
+                f"Model '{model_name}': model_version must be a positive integer, not {model_version!r}"
+            )
         config = config or ModelConfig()
         funcs = list(infer_func) if isinstance(infer_func, (list, tuple)) else [infer_func]
         if not funcs or not all(callable(func) for func in funcs):
@@ -234,42 +443,58 @@ class Triton:
                 f"Model '{model_name}': max_batch_size must be at least 1 when batching is on "
                 "(use batching=False)"
             )
-        if config.response_cache and self._attach is None and self._config.cache_config == []:
-            raise PyTritonModelConfigError(
-                f"Model '{model_name}' asks for the response cache, "
-                "but TritonConfig(cache_config=[]) turned it off"
-            )
-        spec = ModelSpec(model_name, named_inputs, named_outputs, config, instances=len(funcs), strict=strict)
+        self._check_model_config(model_name, config)
+        trace_settings = _model_trace_settings(model_name, trace_config or ())
+        spec = ModelSpec(
+            model_name,
+            named_inputs,
+            named_outputs,
+            config,
+            instances=len(funcs),
+            strict=strict,
+            version=model_version,
+            warmup_files=warmup_files(config.model_warmup or ()),
+        )
         with self._lock:
             known = {pending.name for pending, _ in self._pending} | set(self._workers)
             if model_name in known:
                 raise PyTritonValidationError(f"A model named '{model_name}' is already bound")
-            if self._started:
-                self._load(spec, funcs)
-            else:
+            if trace_settings:
+                self._trace_settings[model_name] = trace_settings
+            if not self._connected:
                 self._pending.append((spec, funcs))
+                return
+            try:
+                self._load(spec, funcs)
+            except BaseException:
+                self._trace_settings.pop(model_name, None)
+                raise
 
-    def run(self) -> None:
-        """Start serving in the background: launch or attach to Triton and load every bound model."""
+    def _check_model_config(self, model_name: str, config: ModelConfig) -> None:
+        """What this kind of Triton cannot serve, refused at bind()."""
+
+    def connect(self) -> None:
+        """Reach Triton (launching it in local mode) and load every bound model."""
         self._start()
         with self._lock:
             pending, self._pending = self._pending, []
             for spec, funcs in pending:
                 self._load(spec, funcs)
+            self._connected = True
+
+    def is_connected(self) -> bool:
+        return self._connected and not self._stopped
 
     def serve(self, monitoring_period_s: float = 1.0) -> None:
         """Serve until SIGINT or SIGTERM, then drain and stop. Exits non-zero after an unrecoverable error."""
-        self.run()
+        self.connect()
         previous = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 previous[signum] = signal.signal(signum, self._on_stop_signal)
         try:
             while not self._stop_requested.wait(monitoring_period_s):
-                if self._server is not None and not self._server.is_running():
-                    raise PyTritonRuntimeError(
-                        f"tritonserver exited unexpectedly. Last lines of its log:\n{self._server.log_tail()}"
-                    )
+                self._check_triton()
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -277,65 +502,54 @@ class Triton:
         if self._fatal is not None:
             raise SystemExit(f"Serving stopped after an unrecoverable error: {self._fatal}")
 
+    def _check_triton(self) -> None:
+        """Raise when Triton can no longer serve (serve() checks every monitoring period)."""
+
     def _on_stop_signal(self, *_: object) -> None:
         self._signalled = True
         self._stop_requested.set()
 
     def is_alive(self) -> bool:
-        return bool(self._http_url) and http_ok(f"{self._http_url}/v2/health/live", timeout_s=1)
+        return self._control is not None and not self._stopped and self._control.is_live()
 
-    def stop(self) -> None:
-        """Drain in-flight requests, stop Triton (local mode) and the workers, and free shared memory."""
+    def stop(self) -> bool:
+        """Drain in-flight requests, leave Triton, stop the workers and free shared memory. True when this
+        call stopped serving, False when it was stopped already."""
         with self._lock:
             if self._stopped:
-                return
+                return False
             self._stopped = True
             self._draining = True
             self._stop_requested.set()
-        if self._server is not None:
-            self._server.stop()
-        else:
-            self._drain()
+        if self._started:
+            self._leave_triton()
         for worker in self._workers.values():
             worker.stop()
-        if self._health is not None:
-            self._health.stop()
-        if self._workspace_lock is not None:
-            remove_owned(self._workspace)
-            os.close(self._workspace_lock)
-            self._workspace_lock = None
+        self._release()
+        if self._control is not None:
+            self._control.close()
+        return True
 
-    def _drain(self) -> None:
-        """Attach mode: finish what is in flight within the drain budget. After SIGTERM (the pod stops),
-        first wait for the clients to leave, then stop the sidecar's Triton while still serving, as
-        `kubetriton.drain` explains; after an unrecoverable error the sidecar keeps running for the
-        restarted worker."""
-        if self._attach is None:
-            return
-        deadline = time.monotonic() + self._attach.drain_seconds
-        ports = (podenv.HTTP_PORT, podenv.GRPC_PORT)
+    def _leave_triton(self) -> None:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """What the subclass holds beyond Triton and the workers."""
+
+    def _wait_until_idle(self, budget_s: float, clients: Callable[[], int] = lambda: 0) -> int:
+        """Wait, within `budget_s`, until no request is in flight and `clients()` counts no connection for a
+        short while; returns the connections still counted."""
+        deadline = time.monotonic() + budget_s
         quiet_since = time.monotonic()
-        clients = 0
+        connected = 0
         while time.monotonic() < deadline:
-            clients = (client_connections(ports) or 0) if self._signalled else 0
-            if clients or any(worker.in_flight for worker in self._workers.values()):
+            connected = clients()
+            if connected or any(worker.in_flight for worker in self._workers.values()):
                 quiet_since = time.monotonic()
             elif time.monotonic() - quiet_since >= DRAIN_QUIET_S:
                 break
             time.sleep(DRAIN_POLL_S)
-        if not self._signalled:
-            return
-        if clients:
-            LOGGER.warning(
-                "%d client connection(s) still open after the %g s drain budget; Triton closes them",
-                clients,
-                self._attach.drain_seconds,
-            )
-        if not request_sidecar_stop(self._workspace / podenv.SIDECAR_STOP_FIFO):
-            return
-        deadline = time.monotonic() + podenv.SIDECAR_EXIT_TIMEOUT_S + SIDECAR_UNLOAD_S
-        while any(worker.attached for worker in self._workers.values()) and time.monotonic() < deadline:
-            time.sleep(DRAIN_POLL_S)
+        return connected
 
     def _unrecoverable(self, error: BaseException) -> None:
         LOGGER.error("Unrecoverable error, stopping: %s", error)
@@ -356,26 +570,287 @@ class Triton:
                 return
             if self._stopped:
                 raise PyTritonInvalidOperationError("This Triton object was stopped; create a new one")
-            if self._attach is not None:
-                self._start_attached()
-            else:
-                self._start_local()
             self._started = True
+            try:
+                self._start_triton()
+            except BaseException:
+                self.stop()  # leaves whatever started; this object does not start again
+                raise
+        self._warn_if_verbose()
+
+    def _start_triton(self) -> None:
+        raise NotImplementedError
+
+    def _warn_if_verbose(self) -> None:
+        assert self._control is not None
+        try:
+            level = self._control.log_verbose_level()
+        except PyTritonError as error:
+            LOGGER.debug("Could not read Triton's log settings: %s", error)
+            return
+        if level > 0:
+            LOGGER.warning(
+                "Triton at %s logs verbosely (log_verbose_level=%d), which slows inference down",
+                self._control.url,
+                level,
+            )
+
+    def _attach(self, shm_dir: Path) -> None:
+        """Use a Triton that runs already, prepared by `kubetriton bootstrap` in the shared workspace."""
+        assert self._control is not None
+        token_file = self._workspace / podenv.REPOSITORY_TOKEN_FILE
+        try:
+            self._control.repository_token = token_file.read_text().strip()
+        except FileNotFoundError:
+            raise PyTritonRuntimeError(
+                f"{token_file} is missing: the workspace must be the one the Triton at {self._control.url} "
+                "serves its model repository from, prepared by `kubetriton bootstrap`"
+            ) from None
+        sockets = self._workspace / podenv.SOCKETS_SUBDIR
+        sockets.mkdir(parents=True, exist_ok=True)
+        arena_bytes = int(os.environ.get(podenv.ENV_ARENA_BYTES, podenv.DEFAULT_ARENA_BYTES))
+        self._transport = TransportSettings(sockets, shm_dir / "kubetriton", arena_bytes)
+        threading.Thread(target=self._keep_models_loaded, name="kubetriton-model-keeper", daemon=True).start()
+
+    def _keep_models_loaded(self) -> None:
+        """Load the bound models again when Triton restarted and came back without them.
+
+        Triton loads models only when asked (explicit model control), so after a restart it serves none of
+        them until the worker asks again. The check runs while Triton is live (it stops answering as soon as
+        it shuts down); failed loads are retried with a growing pause."""
+        assert self._control is not None
+        pause = RELOAD_CHECK_S
+        while not self._stop_requested.wait(pause):
+            if not self.is_alive():
+                continue
+            unloaded = [name for name in list(self._workers) if not self._control.is_model_ready(name)]
+            failed = False
+            for name in unloaded:
+                LOGGER.warning("Model '%s' is not loaded in Triton (did Triton restart?); loading it", name)
+                try:
+                    self._load_into_triton(name)
+                except (PyTritonModelConfigError, PyTritonRuntimeError) as error:
+                    failed = True
+                    LOGGER.error("Loading model '%s' again failed: %s", name, error)
+            pause = min(pause * 2, RELOAD_PAUSE_MAX_S) if failed else RELOAD_CHECK_S
+
+    def _prepare(self, spec: ModelSpec, funcs: list[Callable[..., Any]]) -> ModelWorker:
+        """Start the model's worker instances and write the model into the repository."""
+        assert self._transport is not None
+        worker = ModelWorker(
+            spec, funcs, self._transport, debug=self._debug, on_unrecoverable=self._unrecoverable
+        )
+        worker.start()
+        try:
+            write_model(self._model_repository, spec, self._transport.model_parameters(spec.name))
+        except BaseException:
+            worker.stop()
+            raise
+        return worker
+
+    def _load(self, spec: ModelSpec, funcs: list[Callable[..., Any]]) -> None:
+        worker = self._prepare(spec, funcs)
+        try:
+            self._load_into_triton(spec.name)
+        except BaseException:
+            worker.stop()
+            raise
+        self._workers[spec.name] = worker
+
+    def _load_into_triton(self, name: str) -> None:
+        assert self._control is not None
+        try:
+            self._control.load(name)
+        except PyTritonModelConfigError as error:
+            raise PyTritonModelConfigError(f"{error}{self._log_lines_about(name)}") from None
+        try:
+            self._apply_trace_settings(name)
+        except PyTritonError:
+            with contextlib.suppress(PyTritonError):
+                self._control.unload(name)
+            raise
+
+    def _apply_trace_settings(self, name: str) -> None:
+        assert self._control is not None
+        if name in self._trace_settings:
+            self._control.update_trace_settings(name, self._trace_settings[name])
+
+    def _log_lines_about(self, model: str) -> str:
+        """Triton's log lines about a model whose load failed, where kubetriton has the log."""
+        return ""
+
+
+class Triton(_Serving):
+    """Serves bound callables through Triton: a local `tritonserver` it launches, or in a pod the sidecar.
+    Use as a context manager, or call run() and stop()."""
+
+    def __init__(
+        self,
+        *,
+        config: TritonConfig | None = None,
+        workspace: str | Path | None = None,
+        triton_lifecycle_policy: TritonLifecyclePolicy | None = None,
+        security_config: TritonSecurityConfig | None = None,
+    ) -> None:
+        self._config = (config or TritonConfig()).merged_over(TritonConfig.from_env())
+        lifecycle = triton_lifecycle_policy or (
+            VertextAILifecyclePolicy if self._config.allow_vertex_ai else DefaultTritonLifecyclePolicy
+        )
+        self._pod = podenv.AttachSettings.from_environ()
+        debug = (self._config.log_verbose or 0) > 0 or os.environ.get("KUBETRITON_DEBUG") == "1"
+        self._workspace_lock: int | None = None
+        if self._pod is not None:
+            self._refuse_what_a_pod_cannot_apply(lifecycle, security_config)
+            root = Path(self._pod.workspace)
+        elif workspace is None:
+            for parent in (tempfile.gettempdir(), podenv.SHM_MOUNT):
+                remove_abandoned(Path(parent))
+            root = Path(tempfile.mkdtemp(prefix="kubetriton-"))
+            self._workspace_lock = claim(root)
+        else:
+            root = Path(workspace)
+        super().__init__(workspace=root, lifecycle=lifecycle, debug=debug)
+        self._security = security_config or TritonSecurityConfig()
+        if self._pod is None:
+            self._check_local_config()
+        self._server: LocalTritonServer | None = None
+        self._health: HealthServer | None = None
+
+    def _refuse_what_a_pod_cannot_apply(
+        self, lifecycle: TritonLifecyclePolicy, security: TritonSecurityConfig | None
+    ) -> None:
+        """In a pod the server is the sidecar, launched before the worker with the PyTritonModel's
+        arguments: settings of the server cannot apply there, and are refused rather than ignored."""
+        server_fields = [
+            field.name
+            for field in dataclasses.fields(self._config)
+            if field.name != "log_verbose" and getattr(self._config, field.name) is not None
+        ]
+        if server_fields:
+            raise PyTritonValidationError(
+                f"TritonConfig {', '.join(server_fields)} cannot apply in a pod: Triton runs there as the "
+                "sidecar the operator launches. Set its arguments in the PyTritonModel (spec.triton.args) "
+                f"and leave these fields unset (in code and in {ENV_CONFIG_PREFIX}* variables)"
+            )
+        if lifecycle.local_model_store:
+            raise PyTritonValidationError(
+                "TritonLifecyclePolicy(local_model_store=True) cannot apply in a pod: the sidecar runs "
+                "before the worker, so models are loaded through its repository API"
+            )
+        if security is not None and not _is_default_security(security):
+            raise PyTritonValidationError(
+                "TritonSecurityConfig other than the default cannot apply in a pod: the sidecar protects "
+                f"{', '.join(DEFAULT_PROTECTED_ENDPOINTS)} with the pod's own token "
+                "(Triton().get_access_token() returns it)"
+            )
+
+    def _check_local_config(self) -> None:
+        config = self._config
+        if config.allow_http is False and (config.grpc_use_ssl or config.grpc_use_ssl_mutual):
+            raise PyTritonValidationError(
+                "TritonConfig(allow_http=False) with gRPC over SSL: kubetriton manages Triton over plain "
+                "gRPC when HTTP is off. Keep HTTP on (it may listen on this machine only: "
+                "http_address='127.0.0.1')"
+            )
+        own = {
+            api
+            for group in podenv.restricted_api_groups("-", self._security.access_token, self._restricted())
+            for api in _restricted_apis(group)
+        }
+        for field in ("http_restricted_api", "grpc_restricted_protocol"):
+            group = getattr(config, field)
+            overlap = sorted(_restricted_apis(group) & own) if group else []
+            if overlap:
+                raise PyTritonValidationError(
+                    f"TritonConfig({field}=...) restricts {', '.join(overlap)}, which the "
+                    "TritonSecurityConfig (or, for model-repository, kubetriton itself) restricts already; "
+                    "Triton lets an API have one restriction only"
+                )
+
+    def _restricted(self) -> list[str]:
+        return list(self._security.restricted_endpoints or ())
+
+    def get_access_token(self) -> str | None:
+        """The token of the protected endpoints: the TritonSecurityConfig's, or in a pod the pod's."""
+        if self._pod is not None:
+            token_file = self._workspace / podenv.ACCESS_TOKEN_FILE
+            return token_file.read_text().strip() if token_file.is_file() else None
+        return self._security.access_token
+
+    def run(self) -> None:
+        """Start serving in the background: launch or attach to Triton and load every bound model."""
+        self.connect()
+
+    def _start_triton(self) -> None:
+        if self._pod is not None:
+            self._start_attached()
+        else:
+            self._start_local()
+
+    def _check_triton(self) -> None:
+        if self._server is not None and not self._server.is_running():
+            raise PyTritonRuntimeError(
+                f"tritonserver exited unexpectedly. Last lines of its log:\n{self._server.log_tail()}"
+            )
+
+    def _leave_triton(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+        elif self._pod is not None:
+            self._drain()
+
+    def _release(self) -> None:
+        if self._health is not None:
+            self._health.stop()
+        if self._workspace_lock is not None:
+            remove_owned(self._workspace)
+            os.close(self._workspace_lock)
+            self._workspace_lock = None
+
+    def _check_model_config(self, model_name: str, config: ModelConfig) -> None:
+        if config.response_cache and self._pod is None and self._config.cache_config == []:
+            raise PyTritonModelConfigError(
+                f"Model '{model_name}' asks for the response cache, "
+                "but TritonConfig(cache_config=[]) turned it off"
+            )
+
+    def _drain(self) -> None:
+        """Attach mode: finish what is in flight within the drain budget. After SIGTERM (the pod stops),
+        first wait for the clients to leave, then stop the sidecar's Triton while still serving, as
+        `kubetriton.drain` explains; after an unrecoverable error the sidecar keeps running for the
+        restarted worker."""
+        assert self._pod is not None
+        ports = (podenv.HTTP_PORT, podenv.GRPC_PORT)
+        clients = self._wait_until_idle(
+            self._pod.drain_seconds, lambda: (client_connections(ports) or 0) if self._signalled else 0
+        )
+        if not self._signalled:
+            return
+        if clients:
+            LOGGER.warning(
+                "%d client connection(s) still open after the %g s drain budget; Triton closes them",
+                clients,
+                self._pod.drain_seconds,
+            )
+        if not request_sidecar_stop(self._workspace / podenv.SIDECAR_STOP_FIFO):
+            return
+        deadline = time.monotonic() + podenv.SIDECAR_EXIT_TIMEOUT_S + SIDECAR_UNLOAD_S
+        while any(worker.attached for worker in self._workers.values()) and time.monotonic() < deadline:
+            time.sleep(DRAIN_POLL_S)
 
     def _start_local(self) -> None:
-        server_id = self._config.id or f"{os.getpid()}-{secrets.token_hex(4)}"
+        config = self._config
+        server_id = config.id or f"{os.getpid()}-{secrets.token_hex(4)}"
         shm_prefix = f"{podenv.SHM_MOUNT}/kubetriton-{server_id}"
         arena_bytes = int(os.environ.get(podenv.ENV_ARENA_BYTES, podenv.DEFAULT_ARENA_BYTES))
-        if self._config.model_repository is not None:
-            self._model_repository = Path(self._config.model_repository)
+        if config.model_repository is not None:
+            self._model_repository = Path(config.model_repository)
         sockets = self._workspace / podenv.SOCKETS_SUBDIR
         for directory in (self._model_repository, sockets):
             directory.mkdir(parents=True, exist_ok=True)
         self._transport = TransportSettings(sockets, Path(shm_prefix) / "arenas", arena_bytes)
-        self._repository_token = secrets.token_urlsafe(24)
-        exit_timeout = self._config.exit_timeout_secs or podenv.DEFAULT_DRAIN_SECONDS
         home = locate()
-        server_config = self._config
+        server_config = config
         if server_config.cache_config is None:
             server_config = dataclasses.replace(server_config, cache_config=list(DEFAULT_CACHE_CONFIG))
         if (
@@ -384,117 +859,129 @@ class Triton:
             and (home.path / "caches").is_dir()
         ):
             server_config = dataclasses.replace(server_config, cache_directory=str(home.path / "caches"))
+        ports = {
+            "HTTP": config.http_port or podenv.HTTP_PORT,
+            "gRPC": config.grpc_port or podenv.GRPC_PORT,
+            "metrics": config.metrics_port or podenv.METRICS_PORT,
+            "SageMaker": config.sagemaker_port or SAGEMAKER_PORT,
+            "Vertex AI": config.vertex_ai_port or VERTEX_AI_PORT,
+        }
+        enabled = {
+            "HTTP": config.allow_http is not False,
+            "gRPC": config.allow_grpc is not False,
+            "metrics": config.allow_metrics is not False,
+            "SageMaker": bool(config.allow_sagemaker),
+            "Vertex AI": bool(config.allow_vertex_ai),
+        }
+        if config.allow_http is False:
+            control_url = f"grpc://{_local_address(config.grpc_address)}:{ports['gRPC']}"
+        else:
+            control_url = f"http://{_local_address(config.http_address)}:{ports['HTTP']}"
+        extra_args = server_config.extra_args()
+        preloaded = []
+        if self._lifecycle.local_model_store:
+            preloaded, self._pending = self._pending, []
+            for spec, funcs in preloaded:
+                self._workers[spec.name] = self._prepare(spec, funcs)
+                extra_args.append(f"--load-model={spec.name}")
         self._server = LocalTritonServer(
             home,
             model_repository=self._model_repository,
-            repository_token=self._repository_token,
+            repository_token=secrets.token_urlsafe(24),
+            access_token=self._security.access_token,
+            protected_endpoints=self._restricted(),
             shm_prefix=shm_prefix,
-            log_path=self._config.log_file or self._workspace / "tritonserver.log",
-            http_port=self._config.http_port or podenv.HTTP_PORT,
-            grpc_port=self._config.grpc_port or podenv.GRPC_PORT,
-            metrics_port=self._config.metrics_port or podenv.METRICS_PORT,
-            exit_timeout_s=exit_timeout,
-            log_verbose=self._config.log_verbose or 0,
-            extra_args=server_config.extra_args(),
+            log_path=config.log_file or self._workspace / "tritonserver.log",
+            http_port=ports["HTTP"],
+            grpc_port=ports["gRPC"],
+            metrics_port=ports["metrics"],
+            exit_timeout_s=config.exit_timeout_secs or podenv.DEFAULT_DRAIN_SECONDS,
+            log_verbose=config.log_verbose or 0,
+            extra_args=extra_args,
+            control_url=control_url,
+            listening={name: port for name, port in ports.items() if enabled[name]},
         )
+        self._control = self._server.control
         self._server.start()
-        self._http_url = self._server.http_url
+        for spec, _ in preloaded:
+            self._apply_trace_settings(spec.name)
 
     def _start_attached(self) -> None:
-        settings = self._attach
+        settings = self._pod
         assert settings is not None
-        self._http_url = f"http://{settings.triton_host}:{podenv.HTTP_PORT}"
+        self._control = TritonControl(
+            f"http://{settings.triton_host}:{podenv.HTTP_PORT}", access_token=self.get_access_token()
+        )
         self._health = HealthServer(
             settings.health_port,
-            triton_http_url=self._http_url,
+            model_ready=self._control.is_model_ready,
             declared_models=settings.models,
             workers=lambda: self._workers,
             draining=lambda: self._draining,
         )
         self._health.start()
-        LOGGER.info("Waiting for the Triton sidecar at %s", self._http_url)
-        wait_until_live(self._http_url, SIDECAR_WAIT_S)
-        token_file = self._workspace / podenv.REPOSITORY_TOKEN_FILE
-        self._repository_token = token_file.read_text().strip()
-        sockets = self._workspace / podenv.SOCKETS_SUBDIR
-        sockets.mkdir(parents=True, exist_ok=True)
-        arena_bytes = int(os.environ.get(podenv.ENV_ARENA_BYTES, podenv.DEFAULT_ARENA_BYTES))
-        self._transport = TransportSettings(sockets, Path(settings.shm_dir) / "kubetriton", arena_bytes)
-        threading.Thread(target=self._keep_models_loaded, name="kubetriton-model-keeper", daemon=True).start()
+        LOGGER.info("Waiting for the Triton sidecar at %s", self._control.url)
+        self._control.wait_until_live(SIDECAR_WAIT_S)
+        self._attach(Path(settings.shm_dir))
+        if self._config.log_verbose is not None:
+            self._control.set_log_verbose_level(self._config.log_verbose)
 
-    def _keep_models_loaded(self) -> None:
-        """Attach mode: load the bound models again when the sidecar restarted and came back without them.
-
-        Triton loads models only when asked (explicit model control), so after its container restarts
-        it serves none of them until the worker asks again. The check runs while Triton is live (it stops
-        answering as soon as it shuts down); failed loads are retried with a growing pause."""
-        pause = RELOAD_CHECK_S
-        while not self._stop_requested.wait(pause):
-            if not self.is_alive():
-                continue
-            unloaded = [
-                name
-                for name in list(self._workers)
-                if not http_ok(f"{self._http_url}/v2/models/{name}/ready")
-            ]
-            failed = False
-            for name in unloaded:
-                LOGGER.warning(
-                    "Model '%s' is not loaded in Triton (did the sidecar restart?); loading it", name
-                )
-                try:
-                    self._repository_call(f"/v2/repository/models/{name}/load")
-                except (PyTritonModelConfigError, PyTritonRuntimeError) as error:
-                    failed = True
-                    LOGGER.error("Loading model '%s' again failed: %s", name, error)
-            pause = min(pause * 2, RELOAD_PAUSE_MAX_S) if failed else RELOAD_CHECK_S
-
-    def _load(self, spec: ModelSpec, funcs: list[Callable[..., Any]]) -> None:
-        assert self._transport is not None
-        worker = ModelWorker(
-            spec, funcs, self._transport, debug=self._debug, on_unrecoverable=self._unrecoverable
-        )
-        worker.start()
-        try:
-            write_model(self._model_repository, spec, self._transport.model_parameters(spec.name))
-            self._repository_call(f"/v2/repository/models/{spec.name}/load")
-        except BaseException:
-            worker.stop()
-            raise
-        self._workers[spec.name] = worker
-
-    def _repository_call(self, path: str) -> None:
-        request = urllib.request.Request(
-            f"{self._http_url}{path}",
-            data=b"{}",
-            method="POST",
-            headers={
-                podenv.REPOSITORY_TOKEN_HEADER: self._repository_token,
-                "Content-Type": "application/json",
-            },
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=MODEL_LOAD_TIMEOUT_S):
-                return
-        except urllib.error.HTTPError as error:
-            detail = error.read().decode(errors="replace")
-            with contextlib.suppress(ValueError):
-                detail = json.loads(detail).get("error", detail)
-            raise PyTritonModelConfigError(f"Triton refused {path}: {detail}{self._load_log(path)}") from None
-        except OSError as error:  # connection refused or reset, timeout
-            reason = getattr(error, "reason", error)
-            raise PyTritonRuntimeError(
-                f"Triton at {self._http_url} did not answer {path}: {reason}"
-            ) from None
-
-    def _load_log(self, path: str) -> str:
+    def _log_lines_about(self, model: str) -> str:
         """Local mode: the Triton log lines about the model, which say why a load failed."""
         if self._server is None:
             return ""
-        model = path.split("/")[-2]
         lines = [
             line
             for line in self._server.log_tail(LOAD_ERROR_LOG_LINES).splitlines()
             if line.startswith("E") and (f"'{model}'" in line or f" {model}" in line)
         ]
         return "\n" + "\n".join(lines) if lines else ""
+
+
+def _local_address(bound: str | None) -> str:
+    """Where this machine reaches a server bound to `bound`: loopback unless it is bound to one address."""
+    return "127.0.0.1" if bound in (None, "", "0.0.0.0", "::") else bound
+
+
+class RemoteTriton(_Serving):
+    """Binds callables to a Triton that runs already, elsewhere: kubetriton's attach mode, which `Triton()`
+    uses inside a pod, for any Triton prepared like the pod's sidecar.
+
+    That Triton must run with kubetriton's arguments (explicit model control, its model repository in
+    `<workspace>/models`, the repository token from `<workspace>/repository-token` on the model-repository
+    API) and find the proxy's runtime, all of which `kubetriton bootstrap --workspace <workspace>` prepares.
+    The workspace must be the same directory for both, and the shared-memory directory
+    (`KUBETRITON_SHM_DIR`, default /dev/shm) too: sockets and tensors pass through them, so the two run on
+    one machine (in one pod, or containers sharing both volumes). `url` is how this process reaches
+    Triton's HTTP or gRPC endpoint, and `access_token` what its protected endpoints demand.
+    """
+
+    def __init__(
+        self, url: str, workspace: str | Path | None = None, access_token: str | None = None
+    ) -> None:
+        endpoint = parse_url(url)
+        scheme = endpoint.protocol + ("s" if endpoint.ssl else "")
+        root = Path(workspace or os.environ.get(podenv.ENV_WORKSPACE, podenv.WORKSPACE_MOUNT))
+        super().__init__(
+            workspace=root,
+            lifecycle=DefaultTritonLifecyclePolicy,
+            debug=os.environ.get("KUBETRITON_DEBUG") == "1",
+        )
+        self._url = f"{scheme}://{endpoint.address}"
+        self._access_token = access_token
+
+    def _start_triton(self) -> None:
+        self._control = TritonControl(self._url, access_token=self._access_token)
+        LOGGER.info("Waiting for Triton at %s", self._url)
+        self._control.wait_until_live(REMOTE_WAIT_S)
+        self._attach(Path(os.environ.get(podenv.ENV_SHM_DIR, podenv.SHM_MOUNT)))
+
+    def _leave_triton(self) -> None:
+        """Finish what is in flight, then unload the models: nothing is left in Triton to serve them."""
+        assert self._control is not None
+        self._wait_until_idle(REMOTE_DRAIN_S)
+        for name in self._workers:
+            try:
+                self._control.unload(name)
+            except PyTritonError as error:
+                LOGGER.warning("Unloading model '%s' failed: %s", name, error)

@@ -6,6 +6,7 @@ port comes from `kubetriton.podenv`, which the worker and the sidecar read on th
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -23,8 +24,9 @@ PRESTOP_SECONDS = 5
 SHUTDOWN_SLACK_SECONDS = 10
 """Grace beyond preStop, drain and Triton's exit timeout, for unloading the models and exiting."""
 
-_TOKEN_PLACEHOLDER = "\x00repository-token\x00"
-_TOKEN_VARIABLE = "token"
+_TOKEN_VARIABLES = {"\x00repository-token\x00": "token", "\x00access-token\x00": "access"}
+"""Placeholders in the sidecar's arguments, and the shell variables that hold the secrets at run time."""
+_REPOSITORY_TOKEN, _ACCESS_TOKEN = _TOKEN_VARIABLES
 
 
 def _restricted_security_context() -> dict[str, Any]:
@@ -39,17 +41,21 @@ def _shm_mount() -> dict[str, str]:
     return {"name": podenv.SHM_VOLUME, "mountPath": podenv.SHM_MOUNT}
 
 
-def _quote_with_token(argument: str) -> str:
-    """Shell-quote one argument, with the token placeholder turned into the shell variable."""
-    parts = argument.split(_TOKEN_PLACEHOLDER)
-    return f'"${_TOKEN_VARIABLE}"'.join(shlex.quote(part) if part else "" for part in parts)
+def _quote_with_tokens(argument: str) -> str:
+    """Shell-quote one argument, with the token placeholders turned into their shell variables."""
+    parts = re.split("(" + "|".join(_TOKEN_VARIABLES) + ")", argument)
+    return "".join(
+        f'"${_TOKEN_VARIABLES[part]}"' if part in _TOKEN_VARIABLES else shlex.quote(part) if part else ""
+        for part in parts
+    )
 
 
 def triton_arguments(spec: PyTritonModelSpec) -> list[str]:
-    """tritonserver's arguments in the sidecar, the repository token as a placeholder."""
+    """tritonserver's arguments in the sidecar, the repository and access tokens as placeholders."""
     arguments = podenv.tritonserver_args(
         model_repository=f"{podenv.WORKSPACE_MOUNT}/{podenv.MODELS_SUBDIR}",
-        repository_token=_TOKEN_PLACEHOLDER,
+        repository_token=_REPOSITORY_TOKEN,
+        access_token=_ACCESS_TOKEN,
         exit_timeout_s=podenv.SIDECAR_EXIT_TIMEOUT_S,
     )
     connection_age_s = min(podenv.GRPC_MAX_CONNECTION_AGE_S, spec.drain_seconds)
@@ -64,23 +70,27 @@ def triton_arguments(spec: PyTritonModelSpec) -> list[str]:
 
 
 def triton_command(spec: PyTritonModelSpec) -> list[str]:
-    """`/bin/sh -c` that reads the repository token from the workspace, removes the shared memory a
-    killed predecessor left in the pod's /dev/shm, and runs tritonserver until it exits.
+    """`/bin/sh -c` that reads the repository and access tokens from the workspace, removes the shared
+    memory a killed predecessor left in the pod's /dev/shm, and runs tritonserver until it exits.
 
     The shell stays as the container's first process: it passes SIGTERM on to tritonserver, and sends it
     SIGTERM itself when a line arrives on the stop FIFO, which the draining worker writes."""
     workspace = podenv.WORKSPACE_MOUNT
     token_file = shlex.quote(f"{workspace}/{podenv.REPOSITORY_TOKEN_FILE}")
+    access_file = shlex.quote(f"{workspace}/{podenv.ACCESS_TOKEN_FILE}")
     stop_fifo = shlex.quote(f"{workspace}/{podenv.SIDECAR_STOP_FIFO}")
     stale_regions = shlex.quote(f"{podenv.SHM_MOUNT}/{podenv.SIDECAR_SHM_PREFIX}") + "*"
-    line = " ".join(_quote_with_token(argument) for argument in triton_arguments(spec))
+    line = " ".join(_quote_with_tokens(argument) for argument in triton_arguments(spec))
     script = "; ".join(
         [
-            f'{_TOKEN_VARIABLE}="$(cat {token_file})" && rm -f {stale_regions} {stop_fifo}'
+            f'token="$(cat {token_file})" && access="$(cat {access_file})"'
+            f" && rm -f {stale_regions} {stop_fifo}"
             f" && mkfifo -m 600 {stop_fifo} || exit 1",
             f"tritonserver {line} & server=$!",
-            "trap 'kill -TERM \"$server\"' TERM INT",
+            # the reader starts before the trap: a subshell forked while a trap is set may swallow the
+            # SIGTERM that ends it, and then waits on the FIFO forever
             f'{{ read -r _ < {stop_fifo} && kill -TERM "$server"; }} & reader=$!',
+            "trap 'kill -TERM \"$server\"' TERM INT",
             'status=0; while kill -0 "$server" 2>/dev/null; do wait "$server"; status=$?; done',
             f'kill "$reader" 2>/dev/null; rm -f {stop_fifo}; exit "$status"',
         ]

@@ -4,7 +4,8 @@ The sidecar runs `nvcr.io/nvidia/tritonserver:<tag>-py3` unmodified. Its Python 
 and not kubetriton. This init step runs from the worker image, before the sidecar starts, and puts into
 `<workspace>/runtime` the proxy's own modules and pyzmq unpacked from a wheel built for the sidecar's
 Python, which differs from the worker's; the generated model.py puts that folder on the stub's import
-path. It also writes the repository token that Triton demands for loading models.
+path. It also writes the repository token that Triton demands for loading models, and the access token of
+the endpoints it protects by default (PyTriton's `TritonSecurityConfig()`).
 """
 
 from __future__ import annotations
@@ -74,9 +75,9 @@ def install_runtime(runtime: Path, wheels: Path, python: str) -> None:
         wheel.extractall(runtime)
 
 
-def write_repository_token(workspace: Path) -> None:
-    token_file = workspace / podenv.REPOSITORY_TOKEN_FILE
-    descriptor = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def write_token(workspace: Path, name: str) -> None:
+    """A new random token in `<workspace>/<name>`, readable by the pod's UID only."""
+    descriptor = os.open(workspace / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as handle:
         handle.write(secrets.token_urlsafe(32))
 
@@ -99,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
         for subdir in (podenv.MODELS_SUBDIR, podenv.SOCKETS_SUBDIR):
             (args.workspace / subdir).mkdir(parents=True, exist_ok=True)
         install_runtime(args.workspace / podenv.RUNTIME_SUBDIR, args.wheels, python)
-        write_repository_token(args.workspace)
+        write_token(args.workspace, podenv.REPOSITORY_TOKEN_FILE)
+        write_token(args.workspace, podenv.ACCESS_TOKEN_FILE)
     except BootstrapError as error:
         print(f"kubetriton bootstrap: {error}")
         return 1

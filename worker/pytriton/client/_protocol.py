@@ -22,6 +22,7 @@ import grpc
 import numpy as np
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from pytriton.client.auth import create_auth_headers
 from pytriton.client.exceptions import (
     PyTritonClientError,
     PyTritonClientInferenceServerError,
@@ -131,13 +132,13 @@ def new_request_id() -> str:
     return f"{os.getpid()}-{next(_request_ids)}"
 
 
-def merged_headers(access_token: str | None, headers: Mapping[str, str] | None) -> dict[str, str]:
-    """The token header, then the call's headers over it (an `Authorization` given with the call replaces
-    the token's). Names are lower case, as gRPC metadata demands, so that the callable sees the same
-    names over HTTP and gRPC."""
-    merged: dict[str, str] = {}
-    if access_token:
-        merged["authorization"] = f"Bearer {access_token}"
+def merged_headers(
+    endpoint: Endpoint, access_token: str | None, headers: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The access token's header for the endpoint's protocol, then the call's headers over it (the same
+    header given with the call replaces the client's token). Names are lower case, as gRPC metadata
+    demands, so that the callable sees the same names over HTTP and gRPC."""
+    merged = create_auth_headers(access_token, endpoint.protocol) if access_token else {}
     merged.update({key.lower(): value for key, value in (headers or {}).items()})
     return merged
 

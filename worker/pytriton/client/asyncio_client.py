@@ -140,7 +140,7 @@ class AsyncioModelClient(_protocol.ModelAddress):
         return self._model_version or ""
 
     def _headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
-        return _protocol.merged_headers(self._access_token, headers)
+        return _protocol.merged_headers(self._endpoint, self._access_token, headers)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -310,7 +310,7 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
     async iterators over the model's responses, zero or more (`async for result in client.infer_sample(x)`).
     Each call uses its own gRPC stream, which ends once the server has sent every response to the request.
     A server error in the middle of a stream raises PyTritonClientInferenceServerError after the earlier
-    responses.
+    responses. `inference_timeout_s` bounds the wait for each response, not the whole stream.
     """
 
     _streaming = True
@@ -391,9 +391,7 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
         async def requests() -> AsyncIterator[dict[str, Any]]:
             yield request
 
-        responses = self._connection().stream_infer(
-            requests(), stream_timeout=self._inference_timeout_s, headers=self._headers(headers)
-        )
+        responses = self._connection().stream_infer(requests(), headers=self._headers(headers))
         ended = False
         try:
             while True:

@@ -14,7 +14,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+import weakref
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -26,6 +27,7 @@ from pytriton.client._protocol import Endpoint
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
     PyTritonClientError,
+    PyTritonClientInferenceServerError,
     PyTritonClientModelDoesntSupportBatchingError,
     PyTritonClientModelUnavailableError,
     PyTritonClientQueueFullError,
@@ -35,7 +37,6 @@ from pytriton.client.exceptions import (
 from pytriton.client.triton_model_config import TritonModelConfig
 
 _T = TypeVar("_T")
-_STREAM_GRACE_S = 5.0
 _SLOT_POLL_S = 0.1
 
 
@@ -288,7 +289,7 @@ class ModelClient(_protocol.ModelAddress):
         return self._model_version or ""
 
     def _headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
-        return _protocol.merged_headers(self._access_token, headers)
+        return _protocol.merged_headers(self._endpoint, self._access_token, headers)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -357,11 +358,38 @@ class ModelClient(_protocol.ModelAddress):
         )
 
 
+class _OpenStream(Iterator[dict[str, np.ndarray]]):
+    """The responses of one streamed call. The client takes no other call while it is open: until its last
+    response, an error, or until it is closed or dropped."""
+
+    def __init__(self, responses: Generator[dict[str, np.ndarray], None, None], release: Callable[[], None]):
+        self._responses = responses
+        self._release = weakref.finalize(self, release)
+
+    def __iter__(self) -> _OpenStream:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        try:
+            return next(self._responses)
+        except BaseException:
+            self._release()
+            raise
+
+    def close(self) -> None:
+        """Stop reading: a stream the server is still sending is cancelled."""
+        self._responses.close()
+        self._release()
+
+
 class DecoupledModelClient(ModelClient):
     """Client of a decoupled (streaming) model over gRPC: `infer_sample` and `infer_batch` return an
     iterator over the model's responses, zero or more. The request is sent when iteration starts; each
     call uses its own gRPC stream, so an error in one call never leaks into the next. A server error in
     the middle of a stream raises PyTritonClientInferenceServerError after the earlier responses.
+
+    `inference_timeout_s` bounds the wait for each response, not the whole stream. One stream at a time: a
+    call while the previous call's stream is open raises PyTritonClientInferenceServerError.
     """
 
     _streaming = True
@@ -394,6 +422,7 @@ class DecoupledModelClient(ModelClient):
             ensure_model_is_ready=ensure_model_is_ready,
             access_token=access_token,
         )
+        self._stream_open = threading.Lock()
 
     def infer_sample(  # type: ignore[override]
         self,
@@ -403,8 +432,7 @@ class DecoupledModelClient(ModelClient):
         **named_inputs: Any,
     ) -> Iterator[dict[str, np.ndarray]]:
         """Stream the responses to one sample (batch axis added and removed when the model batches)."""
-        config, arrays = self._prepare(inputs, named_inputs, batch=False)
-        return self._stream(config, arrays, parameters, headers, strip_batch_axis=config.batching)
+        return self._open_stream(inputs, named_inputs, parameters, headers, batch=False)
 
     def infer_batch(  # type: ignore[override]
         self,
@@ -414,8 +442,27 @@ class DecoupledModelClient(ModelClient):
         **named_inputs: Any,
     ) -> Iterator[dict[str, np.ndarray]]:
         """Stream the responses to a batch (the first axis of every input)."""
-        config, arrays = self._prepare(inputs, named_inputs, batch=True)
-        return self._stream(config, arrays, parameters, headers, strip_batch_axis=False)
+        return self._open_stream(inputs, named_inputs, parameters, headers, batch=True)
+
+    def _open_stream(
+        self,
+        inputs: tuple[Any, ...],
+        named_inputs: dict[str, Any],
+        parameters: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+        *,
+        batch: bool,
+    ) -> _OpenStream:
+        if not self._stream_open.acquire(blocking=False):
+            raise PyTritonClientInferenceServerError("Inference is already in progress")
+        try:
+            config, arrays = self._prepare(inputs, named_inputs, batch=batch)
+        except BaseException:
+            self._stream_open.release()
+            raise
+        strip_batch_axis = config.batching and not batch
+        responses = self._stream(config, arrays, parameters, headers, strip_batch_axis=strip_batch_axis)
+        return _OpenStream(responses, self._stream_open.release)
 
     def _stream(
         self,
@@ -425,16 +472,14 @@ class DecoupledModelClient(ModelClient):
         headers: Mapping[str, str] | None,
         *,
         strip_batch_axis: bool,
-    ) -> Iterator[dict[str, np.ndarray]]:
+    ) -> Generator[dict[str, np.ndarray], None, None]:
         self._check_open()
         responses: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
         client = tritonclient.grpc.InferenceServerClient(self._endpoint.address, ssl=self._endpoint.ssl)
         answered = False
         try:
             client.start_stream(
-                lambda result, error: responses.put((result, error)),
-                stream_timeout=self._inference_timeout_s,
-                headers=self._headers(headers),
+                lambda result, error: responses.put((result, error)), headers=self._headers(headers)
             )
             client.async_stream_infer(
                 config.model_name,
@@ -447,10 +492,10 @@ class DecoupledModelClient(ModelClient):
             )
             while True:
                 try:
-                    result, error = responses.get(timeout=self._inference_timeout_s + _STREAM_GRACE_S)
+                    result, error = responses.get(timeout=self._inference_timeout_s)
                 except queue.Empty:
                     raise PyTritonClientTimeoutError(
-                        f"Model {self._model_name} sent nothing in {self._inference_timeout_s:g} s"
+                        f"Model {self._model_name} sent no response within {self._inference_timeout_s:g} s"
                     ) from None
                 self._check_open()
                 if error is not None:

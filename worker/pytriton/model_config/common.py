@@ -1,9 +1,14 @@
-"""Batching and queueing settings of a model, mirroring the fields of Triton's model configuration."""
+"""Batching, queueing and warm-up settings of a model, mirroring the fields of Triton's model config."""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from pytriton.exceptions import PyTritonBadParameterError
+from pytriton.model_config.tensor import normalize_dtype
 
 
 class DeviceKind(enum.Enum):
@@ -44,3 +49,38 @@ class DynamicBatcher:
     default_priority_level: int = 0
     default_queue_policy: QueuePolicy | None = None
     priority_queue_policy: dict[int, QueuePolicy] | None = None
+
+
+@dataclass
+class WarmupInput:
+    """One input of a warm-up request: its dtype, its shape without the batch axis, and where its values come
+    from: zeros (empty strings for bytes), random values, or a `.npy` file holding one sample of `shape`."""
+
+    dtype: Any
+    shape: Sequence[int]
+    zero_data: bool | None = False
+    random_data: bool | None = False
+    input_data_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.zero_data or self.random_data or self.input_data_file):
+            raise PyTritonBadParameterError(
+                "WarmupInput needs one of zero_data=True, random_data=True or input_data_file"
+            )
+        if not list(self.shape):
+            raise PyTritonBadParameterError("WarmupInput needs a shape with at least one dimension")
+        try:
+            normalize_dtype(self.dtype)
+        except ValueError as error:
+            raise PyTritonBadParameterError(f"WarmupInput: {error}") from None
+
+
+@dataclass
+class ModelWarmup:
+    """Warm-up requests Triton sends to a model while loading it, before the model reports ready: `count`
+    requests of `batch_size` samples each, with `inputs` keyed by the model's input names."""
+
+    name: str
+    batch_size: int
+    inputs: dict[str, WarmupInput]
+    count: int

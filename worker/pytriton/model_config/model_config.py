@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pytriton.model_config.common import DynamicBatcher
+from pytriton.model_config.common import DynamicBatcher, ModelWarmup
 
 
 @dataclass
@@ -12,7 +12,8 @@ class ModelConfig:
     """Serving options of one model.
 
     `batching=False` serves the model without a batch axis (`max_batch_size: 0`). `decoupled=True` lets a
-    generator callable stream any number of responses per request.
+    generator callable stream any number of responses per request. `model_warmup` lists the requests Triton
+    sends the callable while loading the model, before it reports ready.
     """
 
     batching: bool = True
@@ -20,3 +21,4 @@ class ModelConfig:
     batcher: DynamicBatcher = field(default_factory=DynamicBatcher)
     response_cache: bool = False
     decoupled: bool = False
+    model_warmup: list[ModelWarmup] | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import ItemsView, Iterator, KeysView, ValuesView
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,13 @@ class Request:
 
     def values(self) -> ValuesView[np.ndarray]:
         return self.data.values()
+
+    @contextlib.contextmanager
+    def traced_span(self, span_name: str, **kwargs: Any) -> Iterator[None]:
+        """PyTriton's OpenTelemetry span around a block of the callable. The worker records no spans, so
+        the block runs as it runs under PyTriton without tracing; Triton's own traces are configured by
+        `TritonConfig.trace_config` and `bind(trace_config=...)`."""
+        yield
 
 
 Requests = list[Request]

@@ -1,0 +1,206 @@
+"""Attach mode against the sidecar of the rendered pod, run as local processes (see tests/test_pod.py):
+`Triton()` inside a pod refuses the settings that cannot apply there, the same script serves alike locally
+and in the pod, and `RemoteTriton` binds callables to the sidecar from outside the pod's worker.
+
+The workers run in this test process, with the pod's environment set around each `Triton()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from kubetriton import podenv
+from pytriton.client import ModelClient
+from pytriton.client.auth import create_auth_headers
+from pytriton.exceptions import PyTritonRuntimeError, PyTritonValidationError
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.model_config.common import ModelWarmup, WarmupInput
+from pytriton.triton import RemoteTriton, Triton, TritonConfig, TritonLifecyclePolicy, TritonSecurityConfig
+
+from tests.conftest import free_ports
+from tests.test_pod import PY_VERSION, Pod, sidecar_environment, tritonserver_shim, wait_for
+
+X = [Tensor(name="x", shape=(1,), dtype=np.float32)]
+Y = [Tensor(name="y", shape=(1,), dtype=np.float32)]
+SIDECAR_HTTP = f"http://127.0.0.1:{podenv.HTTP_PORT}"
+SIDECAR_GRPC = f"grpc://127.0.0.1:{podenv.GRPC_PORT}"
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+    """The pod's bootstrap step and Triton sidecar, without its worker."""
+    for port in (podenv.HTTP_PORT, podenv.GRPC_PORT, podenv.METRICS_PORT):
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                pytest.fail(f"port {port} is taken; the sidecar runs on the pod's fixed ports")
+    tmp_path = tmp_path_factory.mktemp("pod")
+    pod = Pod(tmp_path)
+    try:
+        python_env, wheels = sidecar_environment()
+        bootstrap = pod.start(
+            "bootstrap", KUBETRITON_SIDECAR_PYTHON=PY_VERSION, KUBETRITON_SIDECAR_WHEELS=str(wheels)
+        )
+        assert bootstrap.wait(60) == 0, pod.log("bootstrap")
+        (tmp_path / "image-bin").mkdir()
+        shim_dir = tritonserver_shim(tmp_path / "image-bin", python_env)
+        pod.start("triton", PATH=f"{shim_dir}:/usr/bin:/bin")
+        wait_for(lambda: _status(f"{SIDECAR_HTTP}/v2/health/live") == 200, 60, "the sidecar to be live")
+        yield pod
+    finally:
+        pod.stop()
+        shutil.rmtree(pod.shm, ignore_errors=True)
+
+
+@pytest.fixture
+def in_the_pod(sidecar: Pod, monkeypatch: pytest.MonkeyPatch) -> Pod:
+    """The worker container's environment, as the operator renders it, with its volumes mapped."""
+    for name, value in sidecar.environment("worker").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(podenv.ENV_SHM_DIR, str(sidecar.shm))
+    monkeypatch.setenv(podenv.ENV_HEALTH_PORT, str(free_ports(1)[0]))
+    return sidecar
+
+
+def _status(url: str, headers: dict[str, str] | None = None) -> int:
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers or {}), timeout=5
+        ) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except (urllib.error.URLError, ConnectionError):
+        return 0
+
+
+def double(requests):
+    return [{"y": request["x"] * 2} for request in requests]
+
+
+def test_server_settings_are_refused_in_a_pod(in_the_pod: Pod, monkeypatch: pytest.MonkeyPatch):
+    with pytest.raises(
+        PyTritonValidationError, match=r"TritonConfig http_port, allow_grpc cannot apply in a pod"
+    ):
+        Triton(config=TritonConfig(http_port=9000, allow_grpc=False))
+    with pytest.raises(PyTritonValidationError, match=r"spec\.triton\.args"):
+        Triton(config=TritonConfig(grpc_use_ssl=True))
+    with pytest.raises(PyTritonValidationError, match="TritonSecurityConfig other than the default"):
+        Triton(security_config=TritonSecurityConfig(access_token="mine"))
+    with pytest.raises(PyTritonValidationError, match="TritonSecurityConfig other than the default"):
+        Triton(security_config=TritonSecurityConfig(restricted_endpoints=[]))
+    with pytest.raises(PyTritonValidationError, match="local_model_store=True"):
+        Triton(triton_lifecycle_policy=TritonLifecyclePolicy(local_model_store=True))
+    monkeypatch.setenv("PYTRITON_TRITON_CONFIG_CACHE_CONFIG", "local,size=1024")
+    with pytest.raises(PyTritonValidationError, match="cache_config cannot apply"):
+        Triton()
+    monkeypatch.delenv("PYTRITON_TRITON_CONFIG_CACHE_CONFIG")
+    accepted = Triton(config=TritonConfig(log_verbose=0), security_config=TritonSecurityConfig())
+    assert accepted.get_access_token() == (in_the_pod.workspace / podenv.ACCESS_TOKEN_FILE).read_text()
+    accepted.stop()
+
+
+def serve_and_query(model: str, ports: dict[str, int]) -> dict[str, object]:
+    """A script written against PyTriton 0.7, run as it is locally and in the pod (its clients query the
+    server at `ports`): what it observed."""
+    calls: list[int] = []
+
+    def scored(requests):
+        calls.append(len(requests))
+        return [{"y": request["x"] * 2} for request in requests]
+
+    warmup = ModelWarmup("w", 1, {"x": WarmupInput(np.float32, (1,), zero_data=True)}, 1)
+    seen: dict[str, object] = {}
+    with Triton(config=TritonConfig(log_verbose=1)) as triton:
+        token = triton.get_access_token()
+        triton.bind(
+            model,
+            scored,
+            X,
+            Y,
+            model_version=2,
+            config=ModelConfig(max_batch_size=4, model_warmup=[warmup]),
+            trace_config=["rate=7"],
+        )
+        seen["calls before the first request"] = len(calls)
+        for protocol in ("http", "grpc"):
+            url = f"{protocol}://127.0.0.1:{ports[protocol]}"
+            with ModelClient(url, model, model_version="2", access_token=token) as client:
+                seen[protocol] = client.infer_sample(np.array([1.5], np.float32))["y"].tolist()
+        stats = f"http://127.0.0.1:{ports['http']}/v2/models/stats"
+        seen["statistics without the token"] = _status(stats)
+        seen["statistics with the token"] = _status(stats, create_auth_headers(token, "http"))
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http']}")
+        seen["trace rate"] = http.get_trace_settings(model, headers=create_auth_headers(token, "http"))[
+            "trace_rate"
+        ]
+        http.close()
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["local", "pod"])
+def test_the_same_script_serves_alike_locally_and_in_a_pod(request, mode, monkeypatch, caplog):
+    if mode == "pod":
+        request.getfixturevalue("in_the_pod")
+        ports = {"http": podenv.HTTP_PORT, "grpc": podenv.GRPC_PORT}
+    else:  # the sidecar holds the default ports: the local server takes others, from the environment
+        ports = dict(zip(("http", "grpc", "metrics"), free_ports(3), strict=True))
+        for name, port in ports.items():
+            monkeypatch.setenv(f"PYTRITON_TRITON_CONFIG_{name.upper()}_PORT", str(port))
+    with caplog.at_level(logging.WARNING, logger="pytriton.triton"):
+        seen = serve_and_query(f"Scored_{mode}", ports)
+    assert seen == {
+        "calls before the first request": 1,
+        "http": [3.0],
+        "grpc": [3.0],
+        "statistics without the token": 403,
+        "statistics with the token": 200,
+        "trace rate": "7",
+    }
+    assert "logs verbosely (log_verbose_level=1)" in caplog.text
+
+
+@pytest.mark.parametrize("url", [SIDECAR_HTTP, SIDECAR_GRPC, f"127.0.0.1:{podenv.HTTP_PORT}"])
+def test_remote_triton_binds_to_a_triton_running_elsewhere(sidecar: Pod, monkeypatch, url: str):
+    monkeypatch.setenv(podenv.ENV_SHM_DIR, str(sidecar.shm))
+    token = (sidecar.workspace / podenv.ACCESS_TOKEN_FILE).read_text()
+    model = f"Remote_{url.split(':')[0]}_{url[-1]}"
+    with RemoteTriton(url, workspace=sidecar.workspace, access_token=token) as remote:
+        assert remote.is_connected() and remote.is_alive()
+        remote.bind(model, double, X, Y, config=ModelConfig(max_batch_size=4))
+        for client_url in (SIDECAR_HTTP, SIDECAR_GRPC):
+            with ModelClient(client_url, model) as client:
+                assert client.infer_sample(np.array([2.0], np.float32))["y"].tolist() == [4.0]
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{podenv.HTTP_PORT}")
+    assert not http.is_model_ready(model), "a stopped RemoteTriton unloads its models"
+    http.close()
+
+
+def test_remote_triton_binds_before_connecting(sidecar: Pod, monkeypatch):
+    monkeypatch.setenv(podenv.ENV_SHM_DIR, str(sidecar.shm))
+    remote = RemoteTriton(SIDECAR_HTTP, workspace=sidecar.workspace)
+    try:
+        remote.bind("Early", double, X, Y, config=ModelConfig(max_batch_size=4))
+        assert not remote.is_connected()
+        remote.connect()
+        with ModelClient(SIDECAR_GRPC, "Early") as client:
+            assert client.infer_sample(np.array([1.0], np.float32))["y"].tolist() == [2.0]
+    finally:
+        assert remote.stop() is True
+    assert remote.stop() is False
+
+
+def test_remote_triton_needs_the_tritons_workspace(sidecar: Pod, tmp_path: Path):
+    with (
+        pytest.raises(PyTritonRuntimeError, match="repository-token is missing"),
+        RemoteTriton(SIDECAR_HTTP, workspace=tmp_path),
+    ):
+        pass
