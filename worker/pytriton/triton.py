@@ -37,6 +37,7 @@ from kubetriton.server import (
     remove_owned,
     wait_until_live,
 )
+from kubetriton.sidecar.bootstrap import install_runtime
 from kubetriton.triton_home import locate
 from kubetriton.worker import ModelWorker, TransportSettings
 
@@ -183,6 +184,7 @@ class Triton:
         self._http_url = ""
         self._repository_token = ""
         self._model_repository = self._workspace / podenv.MODELS_SUBDIR
+        self._runtime = self._workspace / podenv.RUNTIME_SUBDIR
         self._transport: TransportSettings | None = None
         self._pending: list[tuple[ModelSpec, list[Callable[..., Any]]]] = []
         self._workers: dict[str, ModelWorker] = {}
@@ -375,6 +377,7 @@ class Triton:
         self._repository_token = secrets.token_urlsafe(24)
         exit_timeout = self._config.exit_timeout_secs or podenv.DEFAULT_DRAIN_SECONDS
         home = locate()
+        install_runtime(self._runtime, home.stub_python.wheels, home.stub_python.version)
         server_config = self._config
         if server_config.cache_config is None:
             server_config = dataclasses.replace(server_config, cache_config=list(DEFAULT_CACHE_CONFIG))
@@ -456,7 +459,9 @@ class Triton:
         )
         worker.start()
         try:
-            write_model(self._model_repository, spec, self._transport.model_parameters(spec.name))
+            write_model(
+                self._model_repository, spec, self._transport.model_parameters(spec.name), self._runtime
+            )
             self._repository_call(f"/v2/repository/models/{spec.name}/load")
         except BaseException:
             worker.stop()
