@@ -25,7 +25,15 @@ from kubetriton.stub_python import (
     create,
     describe,
 )
-from kubetriton.triton_home import TritonHome, TritonNotFoundError, find_server, locate, stub_versions
+from kubetriton.triton_home import (
+    STUB_NAME,
+    STUBS_BY_VERSION,
+    TritonHome,
+    TritonNotFoundError,
+    find_server,
+    locate,
+    stub_versions,
+)
 from kubetriton.worker import TransportSettings
 from pytriton.model_config import ModelConfig, Tensor
 from tritonclient.utils import InferenceServerException
@@ -57,9 +65,13 @@ def run_python(stub_python: StubPython, code: str) -> subprocess.CompletedProces
     )
 
 
-def test_the_provisioned_environment_has_numpy_1_and_a_pyzmq_wheel_for_its_python():
-    stub_python = locate().stub_python
+def test_the_provisioned_environment_has_numpy_1_a_pyzmq_wheel_and_the_stub_for_its_python():
+    home = locate()
+    stub_python = home.stub_python
     assert stub_python.version in PYTHON_VERSIONS
+    stub = (home.backends / "python" / STUB_NAME).resolve()
+    assert stub == home.path / STUBS_BY_VERSION / stub_python.version / STUB_NAME
+    assert home.backends.is_relative_to(stub_python.path), "the wheel's shared backend directory is not used"
     numpy_version = run_python(stub_python, "import numpy; print(numpy.__version__)")
     assert numpy_version.stdout.startswith("1."), numpy_version
     assert list(stub_python.wheels.glob(f"pyzmq-*-cp{stub_python.version.replace('.', '')}-*.whl"))

@@ -8,8 +8,10 @@ shadow ours: only its Triton files are kept. A locator finds a server in this or
 setting (argument or `KUBETRITON_TRITON_HOME`), `/opt/tritonserver`, then the private copy.
 
 The stub runs on the environment that `kubetriton.stub_python` provisions beside the private copy, never
-on the worker's interpreter. The wheel ships one stub per CPython version; the one for that
-environment's Python is put in place.
+on the worker's interpreter. The wheel ships one stub per CPython version; the one for that environment's
+Python goes into a backend directory of the environment's own, because the wheel's `backends/python/` is
+shared by every process on the machine that uses this Triton (other users, other checkouts, whose stubs
+may be for other Pythons): swapping the stub there would pull it from under a running server.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ CONTAINER_HOME = Path("/opt/tritonserver")
 STUB_NAME = "triton_python_backend_stub"
 STUBS_BY_VERSION = "python_backend_stubs"
 """In the wheel's server: one stub per CPython version, `python_backend_stubs/3.X/`."""
+PYTHON_BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
+"""What the Python backend is made of besides its stub."""
 
 
 class TritonNotFoundError(RuntimeError):
@@ -55,16 +59,13 @@ class TritonHome:
     environment its Python-backend stub runs on."""
 
     path: Path
+    backends: Path
     stub_python: StubPython
     library_dirs: tuple[Path, ...] = ()
 
     @property
     def executable(self) -> Path:
         return self.path / "bin" / "tritonserver"
-
-    @property
-    def backends(self) -> Path:
-        return self.path / "backends"
 
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """The environment tritonserver needs to run its Python-backend stubs on the stub's Python.
@@ -132,20 +133,27 @@ def locate(explicit: str | os.PathLike[str] | None = None) -> TritonHome:
             f"has Python-backend stubs for {', '.join(versions) or 'no Python'} only. Run "
             "`kubetriton install-triton` to provision one that fits."
         )
-    if (server / STUBS_BY_VERSION).is_dir():
-        _select_stub(server, stub_python.version)
-    return TritonHome(server, stub_python, library_dirs)
+    backends = stub_python.path / "backends" if (server / STUBS_BY_VERSION).is_dir() else server / "backends"
+    if not (backends / "python" / STUB_NAME).is_file():
+        raise TritonNotFoundError(
+            f"{backends} holds no Python backend for the stub's environment. Run `kubetriton install-triton`."
+        )
+    return TritonHome(server, backends, stub_python, library_dirs)
 
 
-def _select_stub(server: Path, version: str) -> None:
-    """Put the wheel's Python-backend stub built for `version` in place."""
-    source = server / STUBS_BY_VERSION / version / STUB_NAME
-    target = server / "backends" / "python" / STUB_NAME
-    marker = target.with_name("stub-python-version")
-    if target.is_file() and marker.is_file() and marker.read_text() == version:
-        return
-    shutil.copy2(source, target)
-    marker.write_text(version)
+def link_python_backend(server: Path, stub_python: StubPython) -> None:
+    """Give the stub's environment its backend directory: the wheel's Python backend, with the stub built
+    for the environment's Python. Links already in place stay, for the servers that may be using them."""
+    python_backend = stub_python.path / "backends" / "python"
+    python_backend.mkdir(parents=True, exist_ok=True)
+    sources = [server / "backends" / "python" / name for name in PYTHON_BACKEND_FILES]
+    sources.append(server / STUBS_BY_VERSION / stub_python.version / STUB_NAME)
+    for source in sources:
+        link = python_backend / source.name
+        if link.is_symlink() and link.readlink() == source:
+            continue
+        link.unlink(missing_ok=True)
+        link.symlink_to(source)
 
 
 def install() -> Path:
@@ -196,5 +204,7 @@ def run(args: argparse.Namespace) -> int:
     except StubPythonError as error:
         print(f"kubetriton install-triton: {error}")
         return 1
+    if (server / STUBS_BY_VERSION).is_dir():
+        link_python_backend(server, stub_python)
     print(f"Python-backend stub: Python {stub_python.version} with NumPy 1.x in {stub_python.path}")
     return 0
