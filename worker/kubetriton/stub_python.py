@@ -37,8 +37,7 @@ DESCRIBE = (
     "import json, sys, sysconfig; print(json.dumps({"
     "'version': '%d.%d' % sys.version_info[:2], "
     "'implementation': sys.implementation.name, "
-    "'library_dir': sysconfig.get_config_var('LIBDIR'), "
-    "'libpython': sysconfig.get_config_var('INSTSONAME')}))"
+    "'library_dir': sysconfig.get_config_var('LIBDIR')}))"
 )
 """Run by each candidate interpreter: what decides whether the stub can embed it."""
 HOW_TO_GET_ONE = (
@@ -102,7 +101,7 @@ def describe(executable: str) -> Interpreter | str:
     if facts["implementation"] != "cpython" or facts["version"] not in PYTHON_VERSIONS:
         return f"{executable} is {facts['implementation']} {facts['version']}"
     library_dir = Path(facts["library_dir"] or "")
-    if not facts["libpython"] or not (library_dir / facts["libpython"]).is_file():
+    if not (library_dir / f"libpython{facts['version']}.so.1.0").is_file():
         return f"{executable} has no shared libpython (built without --enable-shared)"
     return Interpreter(executable, facts["version"], library_dir)
 
