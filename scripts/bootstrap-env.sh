@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Creates the environments that `make` runs in, each once (again when pyproject.toml changes):
 #
-#   bootstrap-env.sh          .venv: the project and its test tools on Python 3.12 (Helm's Python bindings
-#                             need >= 3.12; PYTHON may name another interpreter); then `kubetriton
-#                             install-triton` installs the local tritonserver and provisions the Python
-#                             its Python-backend stub runs on (NumPy 1.x), whatever the worker's is.
+#   bootstrap-env.sh          .venv: NumPy 1.x, then the project and its test tools, on Python 3.12 (Helm's
+#                             Python bindings need >= 3.12; PYTHON may name another interpreter); then
+#                             `kubetriton install-triton` installs the local tritonserver and provisions
+#                             the Python its Python-backend stub runs on, whatever the worker's is.
 #   bootstrap-env.sh numpy2   .venv-numpy2: a worker environment made as a user with NumPy 2 makes one,
 #                             numpy>=2 first and then the project, which must keep it; on Python 3.13
 #                             when there is one (NUMPY2_PYTHON may name another interpreter).
@@ -48,7 +48,7 @@ case "${1:-}" in
       }
       "$python" -m venv .venv
     fi
-    install_project .venv
+    install_project .venv 'numpy>=1.24,<2'
     .venv/bin/kubetriton install-triton
     ;;
   numpy2)
