@@ -41,9 +41,9 @@ DESCRIBE = (
 )
 """Run by each candidate interpreter: what decides whether the stub can embed it."""
 HOW_TO_GET_ONE = (
-    "Install one, for example `apt install python3.12-venv libpython3.12` (Debian, Ubuntu), "
-    "`PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install 3.12`, or `uv python install 3.12`, and run "
-    f"`kubetriton install-triton --stub-python /path/to/python3.12` (or set {ENV_STUB_PYTHON})"
+    "Install one, for example your distribution's python3.X-venv and libpython3.X packages (Debian 12: "
+    "`apt install python3.11-venv libpython3.11`) or `PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install "
+    f"3.12`, and run `kubetriton install-triton --stub-python /path/to/python3.X` (or set {ENV_STUB_PYTHON})"
 )
 
 
