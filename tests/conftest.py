@@ -1,5 +1,6 @@
-"""Shared test helpers: free ports for real tritonserver instances, a fresh shared-memory check, and a
-stand-in for a Service's port in front of a server."""
+"""Shared test helpers: free ports for real tritonserver instances, a fresh shared-memory check, a plain
+tritonserver for Python-backend models of the test's own, and a stand-in for a Service's port in front of
+a server."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ import select
 import socket
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tritonclient.http as httpclient
+from kubetriton.podenv import REPOSITORY_TOKEN_HEADER
+from kubetriton.server import LocalTritonServer
+from kubetriton.triton_home import TritonHome
 
 
 def free_ports(count: int) -> list[int]:
@@ -35,6 +41,53 @@ def shm_entries() -> set[str]:
 def ports() -> Iterator[tuple[int, int, int]]:
     http, grpc, metrics = free_ports(3)
     yield http, grpc, metrics
+
+
+@dataclass(frozen=True)
+class PlainTriton:
+    """A running local tritonserver without kubetriton models: the test writes and loads its own."""
+
+    repository: Path
+    http_port: int
+    grpc_port: int
+    control: httpclient.InferenceServerClient
+    token: str = "plain"
+
+    def add_model(self, name: str, source: str, config: str) -> None:
+        (self.repository / name / "1").mkdir(parents=True)
+        (self.repository / name / "1" / "model.py").write_text(source)
+        (self.repository / name / "config.pbtxt").write_text(config)
+
+    def load(self, name: str) -> None:
+        self.control.load_model(name, headers={REPOSITORY_TOKEN_HEADER: self.token})
+
+
+@contextlib.contextmanager
+def plain_triton(home: TritonHome, workspace: Path) -> Iterator[PlainTriton]:
+    """A tritonserver from `home` on free ports, its repository and log in `workspace`."""
+    repository = workspace / "models"
+    repository.mkdir()
+    http, grpc, metrics = free_ports(3)
+    server = LocalTritonServer(
+        home,
+        model_repository=repository,
+        repository_token=PlainTriton.token,
+        shm_prefix=f"/dev/shm/kubetriton-plain-{http}",
+        log_path=workspace / "tritonserver.log",
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        exit_timeout_s=5,
+        log_verbose=0,
+        extra_args=[],
+    )
+    server.start()
+    control = httpclient.InferenceServerClient(f"localhost:{http}")
+    try:
+        yield PlainTriton(repository, http, grpc, control)
+    finally:
+        control.close()
+        server.stop()
 
 
 def node_address() -> str:

@@ -142,6 +142,17 @@ def batched_parameters(x, triton_context):
     return {"text": np.full((len(x), 1), text, object)}
 
 
+def ignores_the_request_shape(requests):
+    """mode 0: int64 in the request's shape; 1: a [3, 3, 3] int64 array whatever the request; 2: one
+    dimension too few; 3: another batch size."""
+    responses = []
+    for request in requests:
+        mode = int(request["x"].ravel()[0])
+        y = {0: request["x"], 1: np.ones((3, 3, 3)), 2: request["x"][:, 0], 3: np.ones((2, 2))}[mode]
+        responses.append({"y": y.astype(np.int64)})
+    return responses
+
+
 def returns_float64(requests):
     """mode 0: the declared float32; 1: float64; 2: one dimension too many."""
     responses = []
@@ -238,6 +249,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         )
         triton.bind("strict", returns_float64, X, Y, strict=True)
         triton.bind("lenient", returns_float64, X, Y)
+        triton.bind("lenient_shapes", ignores_the_request_shape, X, Y)
         triton.bind("extra_output", extra_output, X, Y)
         triton.bind("cached", cached, X, Y, config=ModelConfig(response_cache=True))
         triton.bind(
@@ -505,6 +517,17 @@ def test_non_strict_numeric_outputs_are_cast_to_the_declared_dtype(server):
     result = infer(server, "http", "lenient", {"x": np.ones((1, 2), np.float32)})
     assert result.as_numpy("y").dtype == np.float32
     assert result.get_output("y")["datatype"] == "FP32"
+
+
+def test_non_strict_outputs_keep_the_request_batch_size_and_the_declared_rank(server):
+    x = np.zeros((1, 2), np.float32)
+    result = infer(server, "http", "lenient_shapes", {"x": x})
+    assert result.as_numpy("y").dtype == np.float32 and result.as_numpy("y").shape == (1, 2)
+    declared = r"declared \[batch\] \+ \[-1\] for a request of batch size 1"
+    for mode, shape in ((1, r"\(3, 3, 3\)"), (2, r"\(1,\)"), (3, r"\(2, 2\)")):
+        for protocol in ("http", "grpc"):
+            with pytest.raises(InferenceServerException, match=rf"output 'y' has shape {shape}, {declared}"):
+                infer(server, protocol, "lenient_shapes", {"x": x + mode})
 
 
 def test_undeclared_output_is_an_error(server):

@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 import tritonclient.http
 import tritonclient.utils
-from kubetriton.podenv import REPOSITORY_TOKEN_HEADER
-from kubetriton.server import LocalTritonServer
 from kubetriton.triton_home import locate
 from pytriton.client import (
     AsyncioDecoupledModelClient,
@@ -40,7 +38,7 @@ from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy.types import Request
 from pytriton.triton import Triton, TritonConfig
 
-from tests.conftest import ServicePort, free_ports
+from tests.conftest import ServicePort, plain_triton
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 31000, 31001, 31002
 REFUSED_PORT = 31099
@@ -650,37 +648,14 @@ output [ {{ name: "y" data_type: TYPE_FP32 dims: [ 1 ] }} ]
 def plain_triton_with_a_broken_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """A plain Triton (no kubetriton models) where one model failed to load: with strict readiness the
     server reports not ready, while the other model serves."""
-    workspace = tmp_path_factory.mktemp("plain-triton")
-    repository = workspace / "models"
-    for name, source in (("good", GOOD_MODEL), ("broken", BROKEN_MODEL)):
-        (repository / name / "1").mkdir(parents=True)
-        (repository / name / "1" / "model.py").write_text(source)
-        (repository / name / "config.pbtxt").write_text(PLAIN_CONFIG.format(name=name))
-    http, grpc, metrics = free_ports(3)
-    server = LocalTritonServer(
-        locate(),
-        model_repository=repository,
-        repository_token="plain",
-        shm_prefix=f"/dev/shm/kubetriton-plain-{http}",
-        log_path=workspace / "tritonserver.log",
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
-        exit_timeout_s=5,
-        log_verbose=0,
-        extra_args=[],
-    )
-    server.start()
-    try:
-        control = tritonclient.http.InferenceServerClient(f"localhost:{http}")
-        control.load_model("good", headers={REPOSITORY_TOKEN_HEADER: "plain"})
+    with plain_triton(locate(), tmp_path_factory.mktemp("plain-triton")) as triton:
+        for name, source in (("good", GOOD_MODEL), ("broken", BROKEN_MODEL)):
+            triton.add_model(name, source, PLAIN_CONFIG.format(name=name))
+        triton.load("good")
         with pytest.raises(tritonclient.utils.InferenceServerException, match="weights missing"):
-            control.load_model("broken", headers={REPOSITORY_TOKEN_HEADER: "plain"})
-        assert not control.is_server_ready()
-        control.close()
-        yield f"http://localhost:{http}", f"grpc://localhost:{grpc}"
-    finally:
-        server.stop()
+            triton.load("broken")
+        assert not triton.control.is_server_ready()
+        yield f"http://localhost:{triton.http_port}", f"grpc://localhost:{triton.grpc_port}"
 
 
 def test_a_model_serves_while_another_failed_to_load(plain_triton_with_a_broken_model) -> None:

@@ -36,17 +36,14 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import yaml
-import zmq
 from kubetriton import podenv
-from kubetriton.triton_home import locate
+from kubetriton.triton_home import TritonHome, locate
 from pytriton.client import DecoupledModelClient, ModelClient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ServicePort, free_ports
 
 REPO = Path(__file__).resolve().parents[1]
-CACHE = REPO / ".venv" / "pod-test"
-PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 WORKER_SCRIPT = """
 import time
@@ -91,41 +88,15 @@ DRAIN_SECONDS = 10
 """The pod's drain budget here: long enough for gRPC connections to age out, short enough for a test."""
 
 
-def sidecar_environment() -> tuple[Path, Path]:
-    """A Python with numpy and without pyzmq for the sidecar, and a wheel directory holding pyzmq."""
-    python_env, wheels = CACHE / f"sidecar-python-{PY_VERSION}", CACHE / "wheels"
-    if not (python_env / "ready").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(python_env)], check=True)
-        subprocess.run([str(python_env / "bin" / "pip"), "install", "--quiet", "numpy<2"], check=True)
-        (python_env / "ready").touch()
-    if not list(wheels.glob(f"pyzmq-{zmq.__version__}-cp{PY_VERSION.replace('.', '')}-*.whl")):
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--no-deps",
-                "--only-binary=:all:",
-                f"pyzmq=={zmq.__version__}",
-                "-d",
-                str(wheels),
-            ],
-            check=True,
-        )
-    return python_env, wheels
-
-
-def tritonserver_shim(directory: Path, python_env: Path) -> Path:
-    """A `tritonserver` on PATH that runs the local installation where the image would run its own."""
-    home = locate()
-    environment = home.environment({"PATH": f"{python_env / 'bin'}:/usr/bin:/bin"})
+def tritonserver_shim(directory: Path, home: TritonHome) -> Path:
+    """A `tritonserver` on PATH that runs the local installation where the image would run its own, on
+    the stub's environment that set-up provisioned: like the image's Python, it has numpy and no pyzmq."""
+    environment = home.environment({"PATH": "/usr/bin:/bin"})
     shim = directory / "tritonserver"
     shim.write_text(
         "#!/bin/sh\n"
         f"export LD_LIBRARY_PATH='{environment['LD_LIBRARY_PATH']}'\n"
-        f"export PATH='{python_env / 'bin'}:/usr/bin:/bin'\n"
+        f"export PATH='{environment['PATH']}'\n"
         f"exec '{home.executable}' --backend-directory='{home.backends}' "
         f"--cache-directory='{home.path / 'caches'}' \"$@\"\n"
     )
@@ -309,18 +280,21 @@ def pod(tmp_path) -> Iterator[Pod]:
 
 
 def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path):
-    python_env, wheels = sidecar_environment()
-    no_zmq = subprocess.run([str(python_env / "bin" / "python"), "-c", "import zmq"], capture_output=True)
+    home = locate()
+    stub_python = home.stub_python
+    no_zmq = subprocess.run([str(stub_python.bin_dir / "python"), "-c", "import zmq"], capture_output=True)
     assert no_zmq.returncode != 0, "the sidecar's Python must not have pyzmq of its own"
 
     bootstrap = pod.start(
-        "bootstrap", KUBETRITON_SIDECAR_PYTHON=PY_VERSION, KUBETRITON_SIDECAR_WHEELS=str(wheels)
+        "bootstrap",
+        KUBETRITON_SIDECAR_PYTHON=stub_python.version,
+        KUBETRITON_SIDECAR_WHEELS=str(stub_python.wheels),
     )
     assert bootstrap.wait(60) == 0, pod.log("bootstrap")
     assert (pod.workspace / "runtime" / "zmq").is_dir()
 
     (tmp_path / "image-bin").mkdir()
-    shim_dir = tritonserver_shim(tmp_path / "image-bin", python_env)
+    shim_dir = tritonserver_shim(tmp_path / "image-bin", home)
     sidecar = pod.start("triton", PATH=f"{shim_dir}:/usr/bin:/bin")
 
     def sidecar_live() -> bool:

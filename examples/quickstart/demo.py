@@ -40,7 +40,7 @@ def main() -> None:
             print(
                 f"{url}: a + b = {result['sum'][0].tolist()}, (a + b) * 10 = {result['scaled'][0].tolist()}"
             )
-            assert np.array_equal(result["sum"], a + b)
+            assert np.array_equal(result["sum"], a + b) and np.array_equal(result["scaled"], (a + b) * 10)
 
 
 if __name__ == "__main__":

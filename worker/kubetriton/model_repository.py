@@ -23,21 +23,19 @@ from pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tens
 from pytriton.model_config.common import ModelWarmup, WarmupInput
 from pytriton.model_config.tensor import normalize_dtype
 
-from kubetriton.podenv import RUNTIME_SUBDIR
-
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-PROXY_MODEL_SOURCE = f'''"""Triton's entry point for this model: the kubetriton proxy model.
+PROXY_MODEL_SOURCE = '''"""Triton's entry point for this model: the kubetriton proxy model.
 
-In a pod, the stock Triton image gets kubetriton and pyzmq from the runtime that `kubetriton bootstrap`
-put into the workspace beside the model repository; the Python-backend stub ignores PYTHONPATH.
+The stub's Python has numpy only (the stock Triton image's in a pod, the one `kubetriton install-triton`
+provisions locally): kubetriton and pyzmq come from the runtime folder that `kubetriton bootstrap`, or
+the local server, filled in the workspace. The Python-backend stub ignores PYTHONPATH.
 """
 
 import sys
-from pathlib import Path
 
-_runtime = Path(__file__).resolve().parents[3] / "{RUNTIME_SUBDIR}"
-if _runtime.is_dir() and str(_runtime) not in sys.path:
-    sys.path.insert(0, str(_runtime))
+_runtime = {runtime!r}
+if _runtime not in sys.path:
+    sys.path.insert(0, _runtime)
 
 from kubetriton.sidecar.proxy_model import TritonPythonModel  # noqa: E402,F401
 '''
@@ -215,14 +213,15 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def write_model(repository: Path, spec: ModelSpec, parameters: Mapping[str, str]) -> Path:
-    """Write the model's directory into the repository, replacing any earlier version of it."""
+def write_model(repository: Path, spec: ModelSpec, parameters: Mapping[str, str], runtime: Path) -> Path:
+    """Write the model's directory into the repository, replacing any earlier version of it. The proxy
+    imports its modules from `runtime`, a path that is the same for Triton as for the worker."""
     model_dir = repository / spec.name
     if model_dir.exists():
         shutil.rmtree(model_dir)
     version_dir = model_dir / str(spec.version)
     version_dir.mkdir(parents=True)
-    (version_dir / "model.py").write_text(PROXY_MODEL_SOURCE)
+    (version_dir / "model.py").write_text(PROXY_MODEL_SOURCE.format(runtime=str(runtime)))
     (model_dir / "config.pbtxt").write_text(render_config(spec, parameters))
     if spec.warmup_files:
         (model_dir / "warmup").mkdir()

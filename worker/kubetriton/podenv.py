@@ -30,7 +30,8 @@ SIDECAR_SHM_PREFIX = "kubetriton-sidecar-"
 """The name prefix of the sidecar's Python-backend regions in the pod's /dev/shm. A killed Triton cannot
 remove its regions, so the sidecar removes its predecessor's when it starts."""
 RUNTIME_SUBDIR = "runtime"
-"""Below the workspace: what `kubetriton bootstrap` installs for the proxy (pyzmq, kubetriton)."""
+"""Below the workspace: what `kubetriton bootstrap` (in a pod) or the local server installs for the proxy
+(pyzmq, kubetriton)."""
 MODELS_SUBDIR = "models"
 SOCKETS_SUBDIR = "sockets"
 SIDECAR_STOP_FIFO = "triton-stop"

@@ -121,14 +121,22 @@ def format_error(error: BaseException, *, debug: bool) -> str:
 
 
 class ResponseChecker:
-    """Turns what a callable returned into one {output name: array} dict per request, or says why not."""
+    """Turns what a callable returned into one {output name: array} dict per request, or says why not.
+
+    Every output must have the declared rank, and with batching the batch size of its request: Triton
+    passes on whatever shape the proxy gives it, so a wrong one would reach the client as a success.
+    `strict` also demands the declared dtype and every fixed dimension; without it, numeric outputs are
+    cast to the declared dtype, as PyTriton does."""
 
     def __init__(self, spec: ModelSpec) -> None:
         self._spec = spec
         self._outputs = {tensor.name: tensor for tensor in spec.outputs}
         self._names = [tensor.name for tensor in spec.outputs]
 
-    def check(self, result: Any, count: int) -> list[dict[str, np.ndarray]]:
+    def check(self, result: Any, batch_sizes: Sequence[int | None]) -> list[dict[str, np.ndarray]]:
+        """`batch_sizes` holds each request's batch size (None when the model does not batch, or the
+        request has no input to tell it)."""
+        count = len(batch_sizes)
         if isinstance(result, Mapping) and count == 1:
             result = [result]
         if not isinstance(result, (list, tuple)):
@@ -140,9 +148,12 @@ class ResponseChecker:
             raise ResponseError(
                 f"Model '{self._spec.name}' callable returned {len(result)} responses for {count} requests"
             )
-        return [self._check_response(response) for response in result]
+        return [
+            self._check_response(response, batch_size)
+            for response, batch_size in zip(result, batch_sizes, strict=True)
+        ]
 
-    def _check_response(self, response: Any) -> dict[str, np.ndarray]:
+    def _check_response(self, response: Any, batch_size: int | None) -> dict[str, np.ndarray]:
         if isinstance(response, Request):
             values = list(response.values())
             if len(values) != len(self._names):
@@ -167,9 +178,9 @@ class ResponseChecker:
             raise ResponseError(
                 f"Model '{self._spec.name}' callable did not return declared outputs {missing}"
             )
-        return {name: self._check_array(name, response[name]) for name in self._names}
+        return {name: self._check_array(name, response[name], batch_size) for name in self._names}
 
-    def _check_array(self, name: str, value: Any) -> np.ndarray:
+    def _check_array(self, name: str, value: Any, batch_size: int | None) -> np.ndarray:
         declared = self._outputs[name]
         if not isinstance(value, np.ndarray):
             raise ResponseError(
@@ -177,9 +188,10 @@ class ResponseChecker:
             )
         if is_bytes_dtype(declared.dtype) != is_bytes_dtype(value.dtype) or value.dtype.kind not in "biufOSU":
             raise self._dtype_error(name, value)
-        if self._spec.strict:
-            self._check_strict(name, value)
-        elif not is_bytes_dtype(value.dtype) and value.dtype != declared.dtype:
+        if self._spec.strict and not is_bytes_dtype(declared.dtype) and value.dtype != declared.dtype:
+            raise self._dtype_error(name, value)
+        self._check_shape(name, value, batch_size)
+        if not is_bytes_dtype(value.dtype) and value.dtype != declared.dtype:
             value = value.astype(declared.dtype)
         return value
 
@@ -189,18 +201,22 @@ class ResponseChecker:
             f"Model '{self._spec.name}' output '{name}' has dtype {value.dtype}, declared {declared}"
         )
 
-    def _check_strict(self, name: str, value: np.ndarray) -> None:
-        declared = self._outputs[name]
-        if not is_bytes_dtype(declared.dtype) and value.dtype != declared.dtype:
-            raise self._dtype_error(name, value)
-        sample_shape = value.shape[1:] if self._spec.max_batch_size else value.shape
-        fits = len(sample_shape) == len(declared.shape) and all(
-            want in (-1, got) for want, got in zip(declared.shape, sample_shape, strict=True)
-        )
+    def _check_shape(self, name: str, value: np.ndarray, batch_size: int | None) -> None:
+        declared = self._outputs[name].shape
+        batching = bool(self._spec.max_batch_size)
+        sample_shape = value.shape[1:] if batching else value.shape
+        fits = len(value.shape) == len(declared) + batching
+        if fits and batching and batch_size is not None:
+            fits = value.shape[0] == batch_size
+        if fits and self._spec.strict:
+            fits = all(want in (-1, got) for want, got in zip(declared, sample_shape, strict=True))
         if not fits:
+            request = (
+                f" for a request of batch size {batch_size}" if batching and batch_size is not None else ""
+            )
             raise ResponseError(
                 f"Model '{self._spec.name}' output '{name}' has shape {value.shape}, declared "
-                f"{'[batch] + ' if self._spec.max_batch_size else ''}{list(declared.shape)}"
+                f"{'[batch] + ' if batching else ''}{list(declared)}{request}"
             )
 
 
@@ -335,6 +351,12 @@ class InstanceServer(threading.Thread):
             )
         return requests
 
+    def _batch_sizes(self, header: dict[str, Any]) -> list[int | None]:
+        """Each request's batch size: the first dimension of its inputs, when the model batches."""
+        if not self.spec.max_batch_size:
+            return [None] * len(header["requests"])
+        return [entry["inputs"][0][2][0] if entry["inputs"] else None for entry in header["requests"]]
+
     def _reply(
         self, header: dict[str, Any], data: list[bytes], requests_arena: Arena, responses_arena: Arena
     ) -> tuple[dict[str, Any], list[Any]]:
@@ -347,7 +369,7 @@ class InstanceServer(threading.Thread):
                     "ModelConfig(decoupled=True) to stream responses"
                 )
             return self._encode_responses(
-                self._checker.check(result, len(header["requests"])), responses_arena
+                self._checker.check(result, self._batch_sizes(header)), responses_arena
             )
         except Exception as error:
             return self._error_reply(error), []
@@ -357,14 +379,14 @@ class InstanceServer(threading.Thread):
     ) -> Iterator[tuple[dict[str, Any], list[Any]]]:
         """The replies of a decoupled model: one per yielded item, then a final message. A stream whose
         clients all cancelled closes the generator and ends at once."""
-        count = len(header["requests"])
+        batch_sizes = self._batch_sizes(header)
         try:
             result = self._call(self._decode_requests(header, data, requests_arena))
             items = (
                 _iterate(result) if inspect.isgenerator(result) or inspect.isasyncgen(result) else [result]
             )
             for item in items:
-                yield self._encode_streamed(self._checker.check(item, count), responses_arena)
+                yield self._encode_streamed(self._checker.check(item, batch_sizes), responses_arena)
                 self._take_releases(0)
                 if self._cancelled == header["id"]:
                     _close(result)

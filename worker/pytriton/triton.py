@@ -31,6 +31,7 @@ from kubetriton.drain import client_connections, request_sidecar_stop
 from kubetriton.health import HealthServer
 from kubetriton.model_repository import ModelSpec, check_model_name, name_tensors, warmup_files, write_model
 from kubetriton.server import LocalTritonServer, claim, remove_abandoned, remove_owned
+from kubetriton.sidecar.bootstrap import install_runtime
 from kubetriton.triton_home import locate
 from kubetriton.worker import ModelWorker, TransportSettings
 
@@ -379,6 +380,7 @@ class _Serving:
         self._debug = debug
         self._control: TritonControl | None = None
         self._model_repository = workspace / podenv.MODELS_SUBDIR
+        self._runtime = workspace / podenv.RUNTIME_SUBDIR
         self._transport: TransportSettings | None = None
         self._pending: list[tuple[ModelSpec, list[Callable[..., Any]]]] = []
         self._workers: dict[str, ModelWorker] = {}
@@ -642,7 +644,9 @@ class _Serving:
         )
         worker.start()
         try:
-            write_model(self._model_repository, spec, self._transport.model_parameters(spec.name))
+            write_model(
+                self._model_repository, spec, self._transport.model_parameters(spec.name), self._runtime
+            )
         except BaseException:
             worker.stop()
             raise
@@ -850,6 +854,7 @@ class Triton(_Serving):
             directory.mkdir(parents=True, exist_ok=True)
         self._transport = TransportSettings(sockets, Path(shm_prefix) / "arenas", arena_bytes)
         home = locate()
+        install_runtime(self._runtime, home.stub_python.wheels, home.stub_python.version)
         server_config = config
         if server_config.cache_config is None:
             server_config = dataclasses.replace(server_config, cache_config=list(DEFAULT_CACHE_CONFIG))

@@ -59,7 +59,8 @@ def pyzmq_wheel(wheels: Path, python: str) -> Path:
 
 
 def install_runtime(runtime: Path, wheels: Path, python: str) -> None:
-    """Fill `runtime` with the proxy's modules and pyzmq for the sidecar's Python."""
+    """Fill `runtime` with the proxy's modules and pyzmq for the stub's Python: the sidecar's in a pod, the
+    one `kubetriton install-triton` provisioned in local mode, where each local server fills its own."""
     if runtime.exists():
         shutil.rmtree(runtime)
     package = Path(kubetriton.__file__).parent

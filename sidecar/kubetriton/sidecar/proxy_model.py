@@ -11,6 +11,9 @@ A worker that is not attached fails a request at once; a worker that goes away w
 flight fails it as soon as the connection drops. The arenas are reset then, because the blocks the
 worker held are gone with it. This module runs inside the stock Triton image: numpy, pyzmq and
 `kubetriton.transport` only, valid Python 3.10.
+
+A stub that cannot exchange tensors with the numpy it runs with refuses to load the model: READY with
+wrong answers is the one outcome a client cannot notice.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import time
 from typing import Any
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 import zmq
 import zmq.utils.monitor
@@ -47,10 +51,32 @@ class WorkerUnavailableError(RuntimeError):
     """The worker is not attached, or went away while the request was in flight."""
 
 
+def check_stub_reads_numpy() -> None:
+    """Raise when the stub this runs in cannot exchange tensors with the numpy it imported.
+
+    The stub passes arrays to and from Triton through pybind11, compiled into it. Before pybind11 2.12
+    (Triton 2.51 and older) it reads array descriptors in NumPy 1.x's layout: under NumPy 2 every output
+    leaves with a size of 0 and every input repeats its first element, while the model reports READY.
+    pybind11 2.12 and later import `numpy._core` under NumPy 2, so a stub whose program does not name that
+    module was built for NumPy 1.x only."""
+    if int(np.__version__.split(".")[0]) < 2:
+        return
+    with open("/proc/self/exe", "rb") as program:
+        if b"numpy._core" in program.read():
+            return
+    raise RuntimeError(
+        f"This Triton's Python-backend stub was built for NumPy 1.x and cannot exchange tensors with "
+        f"NumPy {np.__version__} (imported from {os.path.dirname(np.__file__)}): its answers would be "
+        "wrong. Run the stub on a Python environment with numpy<2: `kubetriton install-triton` "
+        "provisions one for local mode; the stock Triton images have one."
+    )
+
+
 class TritonPythonModel:
     """The Python-backend entry points: initialize, execute, finalize."""
 
     def initialize(self, args: dict[str, str]) -> None:
+        check_stub_reads_numpy()
         config = json.loads(args["model_config"])
         parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         instance = args["model_instance_name"].rsplit("_", 1)[-1]
