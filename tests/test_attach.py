@@ -27,7 +27,7 @@ from pytriton.model_config.common import ModelWarmup, WarmupInput
 from pytriton.triton import RemoteTriton, Triton, TritonConfig, TritonLifecyclePolicy, TritonSecurityConfig
 
 from tests.conftest import free_ports
-from tests.test_pod import PY_VERSION, Pod, sidecar_environment, tritonserver_shim, wait_for
+from tests.test_pod import Pod, wait_for
 
 X = [Tensor(name="x", shape=(1,), dtype=np.float32)]
 Y = [Tensor(name="y", shape=(1,), dtype=np.float32)]
@@ -45,14 +45,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
     tmp_path = tmp_path_factory.mktemp("pod")
     pod = Pod(tmp_path)
     try:
-        python_env, wheels = sidecar_environment()
-        bootstrap = pod.start(
-            "bootstrap", KUBETRITON_SIDECAR_PYTHON=PY_VERSION, KUBETRITON_SIDECAR_WHEELS=str(wheels)
-        )
-        assert bootstrap.wait(60) == 0, pod.log("bootstrap")
-        (tmp_path / "image-bin").mkdir()
-        shim_dir = tritonserver_shim(tmp_path / "image-bin", python_env)
-        pod.start("triton", PATH=f"{shim_dir}:/usr/bin:/bin")
+        pod.start_sidecar()
         wait_for(lambda: _status(f"{SIDECAR_HTTP}/v2/health/live") == 200, 60, "the sidecar to be live")
         yield pod
     finally:

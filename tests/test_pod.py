@@ -162,6 +162,20 @@ class Pod:
         self.processes[name] = process
         return process
 
+    def start_sidecar(self) -> subprocess.Popen[bytes]:
+        """Run the bootstrap step for the stub's Python that set-up provisioned (numpy, no pyzmq: as in
+        the stock image), then the Triton sidecar's command with the local Triton as its tritonserver."""
+        home = locate()
+        bootstrap = self.start(
+            "bootstrap",
+            KUBETRITON_SIDECAR_PYTHON=home.stub_python.version,
+            KUBETRITON_SIDECAR_WHEELS=str(home.stub_python.wheels),
+        )
+        assert bootstrap.wait(60) == 0, self.log("bootstrap")
+        image_bin = self.tmp_path / "image-bin"
+        image_bin.mkdir(exist_ok=True)
+        return self.start("triton", PATH=f"{tritonserver_shim(image_bin, home)}:/usr/bin:/bin")
+
     def log(self, name: str) -> str:
         return (self.tmp_path / f"{name}.log").read_text(errors="replace")
 
@@ -284,18 +298,9 @@ def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path
     stub_python = home.stub_python
     no_zmq = subprocess.run([str(stub_python.bin_dir / "python"), "-c", "import zmq"], capture_output=True)
     assert no_zmq.returncode != 0, "the sidecar's Python must not have pyzmq of its own"
-
-    bootstrap = pod.start(
-        "bootstrap",
-        KUBETRITON_SIDECAR_PYTHON=stub_python.version,
-        KUBETRITON_SIDECAR_WHEELS=str(stub_python.wheels),
-    )
-    assert bootstrap.wait(60) == 0, pod.log("bootstrap")
+    sidecar = pod.start_sidecar()
     assert (pod.workspace / "runtime" / "zmq").is_dir()
-
-    (tmp_path / "image-bin").mkdir()
-    shim_dir = tritonserver_shim(tmp_path / "image-bin", home)
-    sidecar = pod.start("triton", PATH=f"{shim_dir}:/usr/bin:/bin")
+    shim_dir = tmp_path / "image-bin"
 
     def sidecar_live() -> bool:
         assert sidecar.poll() is None, pod.log("triton")
