@@ -29,18 +29,19 @@ PORTS = {"http": 8000, "grpc": 8001}
 
 
 def _runnable(example: str, cluster: Cluster) -> dict[str, Any]:
-    image = example_image(example)
-    if image is None:
-        pytest.skip(
-            f"set KUBETRITON_E2E_IMAGE_{example.upper().replace('-', '_')} to the image built for {example}"
-        )
-    model = load_example(example, image)
+    """The example with its image, or a skip that says what is missing: first a node with its GPUs, then
+    the image built for it."""
+    model = load_example(example, example_image(example) or "")
     gpus = model["spec"].get("gpus") or {}
     resource = gpus.get("resourceName", "nvidia.com/gpu")
     node_selector = (model["spec"].get("scheduling") or {}).get("nodeSelector")
     if gpus.get("count", 0) > cluster.allocatable(resource, node_selector):
         where = f" labelled {node_selector}" if node_selector else ""
         pytest.skip(f"{example} needs a node{where} with {gpus['count']} allocatable {resource}")
+    if not model["spec"]["worker"]["image"]:
+        pytest.skip(
+            f"set KUBETRITON_E2E_IMAGE_{example.upper().replace('-', '_')} to the image built for {example}"
+        )
     return model
 
 
