@@ -158,17 +158,10 @@ class Cluster:
         ]
         return max((int((node.status.allocatable or {}).get(resource, 0)) for node in nodes), default=0)
 
-    def apply_model(self, model: dict[str, Any], namespace: str) -> None:
-        kubectl(
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-n",
-            namespace,
-            "-f",
-            "-",
-            stdin=yaml.safe_dump(model),
-        )
+    def apply(self, obj: dict[str, Any], namespace: str | None = None) -> None:
+        """`kubectl apply --server-side` of one object, namespaced or not."""
+        scope = ["-n", namespace] if namespace else []
+        kubectl("apply", "--server-side", "--force-conflicts", *scope, "-f", "-", stdin=yaml.safe_dump(obj))
 
     def model(self, name: str, namespace: str) -> dict[str, Any] | None:
         try:

@@ -63,7 +63,7 @@ def test_example_serves_and_goes_away(
 ) -> None:
     model = _runnable(example, cluster)
     name, namespace = model["metadata"]["name"], settings.models_namespace
-    cluster.apply_model(model, namespace)
+    cluster.apply(model, namespace)
     try:
         ready = wait_for(
             lambda: cluster.ready_model(name, namespace), settings.ready_timeout_s, f"{name} Ready"

@@ -83,7 +83,7 @@ def test_pods_stop_under_load_without_a_failed_request(
     namespace = settings.models_namespace
     images = [settings.worker_image, example_image("identity_next") or settings.worker_image]
     generation = 0
-    cluster.apply_model(_model(images[0], 2, generation), namespace)
+    cluster.apply(_model(images[0], 2, generation), namespace)
     stopped_pods = 0
     try:
         cluster.wait_until_serving(NAME, namespace, 2, settings.ready_timeout_s)
@@ -102,7 +102,7 @@ def test_pods_stop_under_load_without_a_failed_request(
         def roll(replicas: int, *, new_pods: bool) -> None:
             nonlocal generation
             generation += new_pods
-            cluster.apply_model(_model(images[generation % 2], replicas, generation), namespace)
+            cluster.apply(_model(images[generation % 2], replicas, generation), namespace)
 
         steps = [
             ("rolling update of two replicas", 2, lambda: roll(2, new_pods=True)),

@@ -15,13 +15,13 @@ import time
 from typing import Any
 
 import numpy as np
-import yaml
 from pytriton.client import ModelClient
 
 from e2e.cluster import Cluster, Settings, kubectl, load_example, port_forward, wait_for
 
 NAME = "embedder"
 CLAIM, SECRET, TOKEN = "hf-cache", "hf-token", "not-a-real-token"
+FILL = "fill-weights"
 WEIGHTS = "the weights, written once"
 LOAD_S = 90
 SERVE = f"""
@@ -53,97 +53,57 @@ with Triton() as triton:
 """
 
 
-def _volume(namespace: str, storage_class: str | None) -> list[tuple[str, str]]:
-    """The claim (on a hostPath volume unless a storage class is given), filled by a Pod; what to delete."""
+def _volume(cluster: Cluster, namespace: str, storage_class: str | None) -> list[tuple[str, str]]:
+    """The claim, on a hostPath volume unless a storage class is given; what to delete afterwards."""
     created = []
     if storage_class is None:
         storage_class = "kubetriton-e2e-hostpath"
         volume = f"{namespace}-{CLAIM}"
-        kubectl(
-            "apply",
-            "-f",
-            "-",
-            stdin=_yaml(
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {"name": volume},
-                    "spec": {
-                        "capacity": {"storage": "10Mi"},
-                        "accessModes": ["ReadWriteOnce", "ReadOnlyMany"],
-                        "storageClassName": storage_class,
-                        "persistentVolumeReclaimPolicy": "Delete",
-                        "hostPath": {"path": f"/tmp/{volume}", "type": "DirectoryOrCreate"},
-                    },
-                }
-            ),
-        )
-        created.append(("persistentvolume", volume))
-    kubectl(
-        "apply",
-        "-n",
-        namespace,
-        "-f",
-        "-",
-        stdin=_yaml(
+        cluster.apply(
             {
                 "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {"name": CLAIM},
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
                 "spec": {
-                    "accessModes": ["ReadWriteOnce"],
+                    "capacity": {"storage": "10Mi"},
+                    "accessModes": ["ReadWriteOnce", "ReadOnlyMany"],
                     "storageClassName": storage_class,
-                    "resources": {"requests": {"storage": "10Mi"}},
+                    "persistentVolumeReclaimPolicy": "Delete",
+                    "hostPath": {"path": f"/tmp/{volume}", "type": "DirectoryOrCreate"},
                 },
             }
-        ),
-    )
+        )
+        created.append(("persistentvolume", volume))
+    claim_spec = {
+        "accessModes": ["ReadWriteOnce"],
+        "storageClassName": storage_class,
+        "resources": {"requests": {"storage": "10Mi"}},
+    }
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CLAIM}}
+    cluster.apply({**claim, "spec": claim_spec}, namespace)
     created.append(("persistentvolumeclaim", CLAIM))
     return created
 
 
-def _yaml(obj: dict[str, Any]) -> str:
-    return yaml.safe_dump(obj)
-
-
 def _fill(cluster: Cluster, namespace: str, image: str) -> None:
     """Write the weights onto the claim once (as root: a hostPath directory belongs to root)."""
-    kubectl(
-        "apply",
-        "-n",
-        namespace,
-        "-f",
-        "-",
-        stdin=_yaml(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "fill-weights"},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "fill",
-                            "image": image,
-                            "command": [
-                                "sh",
-                                "-c",
-                                f"mkdir -p /models/hf && printf '{WEIGHTS}' > /models/hf/weights.txt",
-                            ],
-                            "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": False},
-                            "volumeMounts": [{"name": "weights", "mountPath": "/models"}],
-                        }
-                    ],
-                    "volumes": [{"name": "weights", "persistentVolumeClaim": {"claimName": CLAIM}}],
-                },
-            }
-        ),
-    )
-    wait_for(lambda: cluster.pod_phase("fill-weights", namespace) in ("Succeeded", "Failed"), 300, "the fill")
-    assert cluster.pod_phase("fill-weights", namespace) == "Succeeded", cluster.pod_log(
-        "fill-weights", namespace
-    )
-    cluster.delete_pod("fill-weights", namespace)
+    writer = {
+        "name": "fill",
+        "image": image,
+        "command": ["sh", "-c", f"mkdir -p /models/hf && printf '{WEIGHTS}' > /models/hf/weights.txt"],
+        "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": False},
+        "volumeMounts": [{"name": "weights", "mountPath": "/models"}],
+    }
+    pod_spec = {
+        "restartPolicy": "Never",
+        "containers": [writer],
+        "volumes": [{"name": "weights", "persistentVolumeClaim": {"claimName": CLAIM}}],
+    }
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": FILL}}
+    cluster.apply({**pod, "spec": pod_spec}, namespace)
+    wait_for(lambda: cluster.pod_phase(FILL, namespace) in ("Succeeded", "Failed"), 300, "the fill")
+    assert cluster.pod_phase(FILL, namespace) == "Succeeded", cluster.pod_log(FILL, namespace)
+    cluster.delete_pod(FILL, namespace)
 
 
 def test_weights_on_a_volume_a_secret_and_a_slow_load(
@@ -151,7 +111,7 @@ def test_weights_on_a_volume_a_secret_and_a_slow_load(
 ) -> None:
     namespace = settings.models_namespace
     storage_class = settings.storage_class
-    created = _volume(namespace, storage_class)
+    created = _volume(cluster, namespace, storage_class)
     kubectl("create", "secret", "generic", SECRET, "-n", namespace, f"--from-literal=token={TOKEN}")
     created.append(("secret", SECRET))
     model = load_example("weights-on-pvc", settings.worker_image)
@@ -161,7 +121,7 @@ def test_weights_on_a_volume_a_secret_and_a_slow_load(
     try:
         _fill(cluster, namespace, settings.worker_image)
         started = time.monotonic()
-        cluster.apply_model(model, namespace)
+        cluster.apply(model, namespace)
         reasons: set[str] = set()
 
         def ready() -> dict[str, Any] | None:
@@ -186,7 +146,7 @@ def test_weights_on_a_volume_a_secret_and_a_slow_load(
         assert int(answer["token_length"][0]) == len(TOKEN)
     finally:
         kubectl("delete", "pytritonmodel", NAME, "-n", namespace, "--ignore-not-found", "--wait=true")
-        cluster.delete_pod("fill-weights", namespace)
+        cluster.delete_pod(FILL, namespace)
         for kind, name in reversed(created):
             scope = [] if kind == "persistentvolume" else ["-n", namespace]
             kubectl("delete", kind, name, *scope, "--ignore-not-found", "--wait=false")
