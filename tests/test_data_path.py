@@ -19,6 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from kubetriton.server import claim, remove_abandoned
+from kubetriton.transport import HOP_DATAGRAM_BYTES, INLINE_LIMIT
 from pytriton.exceptions import PyTritonRuntimeError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
@@ -44,6 +45,10 @@ def fails(requests):
 
 def forgets_an_output(requests):
     return [{"first": request["x"]} for request in requests]
+
+
+def negate_three(requests):
+    return [{f"{name}_negated": -request[name] for name in "abc"} for request in requests]
 
 
 def writes_into_input(requests):
@@ -88,6 +93,13 @@ def server() -> Iterator[dict[str, str]]:
                     Tensor(name="first", shape=(-1,), dtype=np.float32),
                     Tensor(name="second", shape=(-1,), dtype=np.float32),
                 ],
+                config=batching,
+            )
+            triton.bind(
+                "negate_three",
+                negate_three,
+                [Tensor(name=name, shape=(-1,), dtype=np.float32) for name in "abc"],
+                [Tensor(name=f"{name}_negated", shape=(-1,), dtype=np.float32) for name in "abc"],
                 config=batching,
             )
             triton.bind("writes_into_input", writes_into_input, FLOAT_IN, FLOAT_OUT, config=batching)
@@ -135,6 +147,16 @@ PROTOCOLS = ["http", "grpc"]
 def test_numeric_round_trip(server, protocol, size):
     x = np.random.default_rng(size).standard_normal((2, size)).astype(np.float32)
     assert np.array_equal(infer(server, protocol, "double", {"x": x})["y"], x * 2)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_inline_tensors_larger_together_than_a_datagram(server, protocol):
+    size = INLINE_LIMIT // 4 - 16
+    assert 3 * size * 4 > HOP_DATAGRAM_BYTES
+    inputs = {name: np.full((1, size), index, np.float32) for index, name in enumerate("abc")}
+    outputs = infer(server, protocol, "negate_three", inputs)
+    for name, array in inputs.items():
+        assert np.array_equal(outputs[f"{name}_negated"], -array)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -8,14 +8,16 @@ command and args with the pod's env; volume mounts become temporary directories:
   Python that has numpy but no pyzmq, so the proxy can only work with the bootstrapped pyzmq;
 - `worker` runs a user script written against the PyTriton API, unchanged from local mode.
 
-The test checks the probes, queries over HTTP and gRPC, kills and restarts the worker (Triton keeps
-running), kills and restarts Triton (the worker loads its models again), and stops the pod under load the
-way Kubernetes does: a stand-in for the Service sends new connections to another server from the moment
-the pod stops, clients keep the connections they have across SIGTERM, and no request of theirs fails.
+The test checks the probes, queries over HTTP and gRPC, kills the worker while it serves a request (the
+request fails at once) and restarts it (Triton keeps running), kills and restarts Triton (the worker
+loads its models again), and stops the pod under load the way Kubernetes does: a stand-in for the
+Service sends new connections to another server from the moment the pod stops, clients keep the
+connections they have across SIGTERM, and no request of theirs fails.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import shutil
@@ -55,7 +57,7 @@ from pytriton.triton import Triton
 
 
 def slow(requests):
-    time.sleep(0.3)
+    time.sleep(requests[0].parameters.get("seconds", 0.3))
     return [{"y": request["x"]} for request in requests]
 
 
@@ -266,6 +268,17 @@ def wait_for(condition, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def slow(seconds: float) -> np.ndarray:
+    """Slow's answer to a request that it works on for `seconds`."""
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{podenv.HTTP_PORT}", network_timeout=60)
+    try:
+        tensor = httpclient.InferInput("x", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 1), np.float32))
+        return client.infer("Slow", [tensor], parameters={"seconds": seconds}).as_numpy("y")
+    finally:
+        client.close()
+
+
 def identity(protocol: str, value: float) -> np.ndarray:
     module = httpclient if protocol == "http" else grpcclient
     port = podenv.HTTP_PORT if protocol == "http" else podenv.GRPC_PORT
@@ -333,8 +346,16 @@ def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path
     assert status == 200 and 'kubetriton_requests_total{model="Identity"} 2.0' in metrics
     assert 'kubetriton_requests_total{model="Cached"} 1.0' in metrics
 
-    # Killing the worker: readiness goes, requests fail fast with a clear error, Triton stays up.
-    pod.processes["worker"].kill()
+    # Killing the worker: the request in flight and new ones fail fast with a clear error, readiness
+    # goes, Triton stays up.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(slow, 30.0)
+        wait_for(lambda: 'kubetriton_in_flight{model="Slow"} 1.0' in probe("/metrics")[1], 30, "Slow")
+        pod.processes["worker"].kill()
+        killed = time.monotonic()
+        with pytest.raises(InferenceServerException, match="went away while the request was in flight"):
+            in_flight.result(timeout=30)
+        assert time.monotonic() - killed < 2
     pod.processes["worker"].wait()
     assert probe("/readyz")[0] != 200
     started = time.monotonic()
@@ -349,15 +370,10 @@ def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path
     assert sidecar.poll() is None, "Triton must not restart when the worker does"
 
     def slow_answers() -> bool:
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{podenv.HTTP_PORT}")
-        tensor = httpclient.InferInput("x", [1, 1], "FP32")
-        tensor.set_data_from_numpy(np.ones((1, 1), np.float32))
         try:
-            return client.infer("Slow", [tensor]).as_numpy("y").tolist() == [[1.0]]
+            return slow(0.3).tolist() == [[1.0]]
         except InferenceServerException:
             return False
-        finally:
-            client.close()
 
     wait_for(slow_answers, 30, "the second model to be bound again")
     bound_last = 'kubetriton_attached{model="Stream"} 1.0'

@@ -130,7 +130,7 @@ def test_a_stub_built_for_numpy_1_refuses_to_load_the_proxy_under_numpy_2(numpy2
             instances=1,
         )
         transport = TransportSettings(tmp_path / "sockets", tmp_path / "arenas", 1024 * 1024)
-        write_model(triton.repository, spec, transport.model_parameters("proxied"), runtime)
+        write_model(triton.repository, spec, transport.model_parameters("proxied", spec.instances), runtime)
         with pytest.raises(
             InferenceServerException,
             match=r"stub was built for NumPy 1\.x and cannot exchange tensors with NumPy 2\.",

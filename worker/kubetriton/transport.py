@@ -1,8 +1,16 @@
 """The wire format between the proxy model inside Triton and the worker that runs the callable.
 
-One ZeroMQ DEALER (proxy instance) talks to one ROUTER (worker instance) over `ipc://`. A message is a
-JSON header frame followed by data frames. A tensor travels either inline, as its own frame, or, when
-it is larger than the inline limit, through an `Arena`: a bounded, pre-sized shared-memory file.
+Each proxy instance reaches its worker instance in two ways. A ZeroMQ DEALER connected to the worker's
+ROUTER over `ipc://` carries no messages: it is how the worker knows a proxy instance is attached
+(readiness, drain), and ZeroMQ reconnects it by itself to a restarted worker while the proxy is idle.
+Requests and replies travel over a `Hop`, a connected `AF_UNIX` `SOCK_SEQPACKET` socket in the same
+folder: a blocking send on one side wakes the thread blocked in a receive on the other, with no I/O
+thread in between (a ZeroMQ round trip wakes six threads; on a small request that is most of its cost),
+and the kernel ends the connection the moment either process dies, so a request in flight fails at once.
+
+A message is a JSON header frame followed by data frames. A tensor travels either inline, as its own
+frame, or, when it is larger than the inline limit, through an `Arena`: a bounded, pre-sized
+shared-memory file.
 
 Each proxy instance owns two arenas: the request arena, which only the proxy allocates in and the
 worker maps read-only, and the response arena, which only the worker allocates in and the proxy maps
@@ -21,6 +29,8 @@ import contextlib
 import json
 import mmap
 import os
+import select
+import socket
 import struct
 import weakref
 from collections.abc import Callable, Sequence
@@ -35,12 +45,18 @@ BYTES = "BYTES"
 """The dtype tag of string tensors, serialized as 4-byte little-endian lengths followed by the bytes."""
 
 PARAM_ADDRESS = "kubetriton.address"
+PARAM_HOP_PATH = "kubetriton.hop_path"
 PARAM_ARENA_DIR = "kubetriton.arena_dir"
 PARAM_ARENA_BYTES = "kubetriton.arena_bytes"
 PARAM_INLINE_LIMIT = "kubetriton.inline_limit"
 """config.pbtxt parameters through which the worker tells each proxy instance where to find it."""
 
 _LENGTH = struct.Struct("<I")
+_FRAME_COUNT = struct.Struct("<I")
+
+HOP_DATAGRAM_BYTES = 128 * 1024
+"""A hop message longer than this travels as several datagrams: one datagram must fit the socket's
+send buffer, which `Hop` raises to twice this (the kernel's default is about 208 KiB)."""
 
 
 class ArenaFullError(RuntimeError):
@@ -130,6 +146,90 @@ class Arena:
         if unlink:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+
+
+class Hop:
+    """A connected `SOCK_SEQPACKET` socket carrying messages of frames, blocking on both sides.
+
+    A message starts with the frame count and each frame's length, followed by the frames; one that
+    does not fit a datagram continues in the next ones (datagrams keep their order and boundaries)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * HOP_DATAGRAM_BYTES)
+        self.socket = sock
+        self._datagram = bytearray(HOP_DATAGRAM_BYTES)
+        self._poller = select.poll()
+        self._poller.register(sock, select.POLLIN)
+
+    @classmethod
+    def connect(cls, path: str) -> Hop:
+        """Connect to the worker instance listening at `path`; OSError when none listens there."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(path)
+        except OSError:
+            sock.close()
+            raise
+        return cls(sock)
+
+    def fileno(self) -> int:
+        return self.socket.fileno()
+
+    def send(self, frames: Sequence[Any]) -> None:
+        """Send one message; OSError (BrokenPipeError, ConnectionResetError) when the peer is gone."""
+        lengths = [len(frame) for frame in frames]
+        prefix = _FRAME_COUNT.pack(len(frames)) + struct.pack(f"<{len(frames)}Q", *lengths)
+        if len(prefix) + sum(lengths) <= HOP_DATAGRAM_BYTES:
+            self.socket.sendmsg([prefix, *frames], (), socket.MSG_NOSIGNAL)
+            return
+        message = memoryview(b"".join([prefix, *frames]))
+        for start in range(0, len(message), HOP_DATAGRAM_BYTES):
+            self.socket.sendmsg([message[start : start + HOP_DATAGRAM_BYTES]], (), socket.MSG_NOSIGNAL)
+
+    def receive(self) -> list[memoryview] | None:
+        """Wait for the next message and return its frames (read-only); None once the peer is gone."""
+        try:
+            received = self.socket.recv_into(self._datagram)
+        except ConnectionResetError:
+            return None
+        if not received:
+            return None  # every message has a prefix, so an empty read is the end of the connection
+        datagram = memoryview(self._datagram)
+        (count,) = _FRAME_COUNT.unpack_from(datagram)
+        lengths = struct.unpack_from(f"<{count}Q", datagram, _FRAME_COUNT.size)
+        position = _FRAME_COUNT.size + 8 * count
+        total = position + sum(lengths)
+        if total == received:
+            message = memoryview(bytes(datagram[:received]))
+        else:
+            assembled = bytearray(total)
+            assembled[:received] = datagram[:received]
+            message = memoryview(assembled)
+            while received < total:
+                try:
+                    more = self.socket.recv_into(message[received:])
+                except ConnectionResetError:
+                    return None
+                if not more:
+                    return None
+                received += more
+            message = message.toreadonly()
+        frames = []
+        for length in lengths:
+            frames.append(message[position : position + length])
+            position += length
+        return frames
+
+    def readable(self, timeout_ms: int) -> bool:
+        """True when a message (or the end of the connection) waits to be received."""
+        return bool(self._poller.poll(timeout_ms))
+
+    def peer_closed(self) -> bool:
+        """True when the other side has closed its end (its process may have died)."""
+        return any(events & select.POLLHUP for _, events in self._poller.poll(0))
+
+    def close(self) -> None:
+        self.socket.close()
 
 
 def encode_header(header: dict[str, Any]) -> bytes:

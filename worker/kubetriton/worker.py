@@ -1,8 +1,9 @@
 """The worker runtime: executes bound callables for the proxy model instances inside Triton.
 
-Each (model, instance) pair gets one thread with its own ZeroMQ ROUTER socket, so a request goes from
-the socket to the callable and back without a hand-off between threads. Callables that release the GIL
-therefore run in parallel across instances. Coroutine callables run on one shared event loop.
+Each (model, instance) pair gets one thread that listens on its own hop socket (and holds the ZeroMQ
+ROUTER through which proxy instances attach), so a request goes from the socket to the callable and back
+without a hand-off between threads. Callables that release the GIL therefore run in parallel across
+instances. Coroutine callables run on one shared event loop.
 
 The runtime also owns what the callable must not see: it decodes inputs into read-only arrays, checks
 that the responses match the declared outputs, maps exceptions to error messages for the client, and
@@ -14,9 +15,13 @@ outlives its cancelled clients.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
+import os
+import select
+import socket
 import threading
 import time
 import traceback
@@ -39,9 +44,11 @@ from kubetriton.transport import (
     PARAM_ADDRESS,
     PARAM_ARENA_BYTES,
     PARAM_ARENA_DIR,
+    PARAM_HOP_PATH,
     PARAM_INLINE_LIMIT,
     Arena,
     ArenaFullError,
+    Hop,
     decode_header,
     decode_tensor,
     encode_header,
@@ -54,8 +61,8 @@ LOGGER = logging.getLogger(__name__)
 POLL_INTERVAL_MS = 100
 STREAM_BACKPRESSURE_S = 60.0
 """How long a stream waits for the proxy to copy out earlier responses when the response arena is full."""
-MAX_SOCKET_PATH = 100
-"""Unix socket paths are limited to 107 bytes; ipc:// addresses must stay below it."""
+MAX_SOCKET_PATH = 107
+"""A Unix socket's path has 108 bytes, with the terminating NUL."""
 
 
 class ResponseError(ValueError):
@@ -74,15 +81,20 @@ class TransportSettings:
     def address(self, model: str, instance: int | str) -> str:
         return f"ipc://{self.sockets_dir}/{model}.{instance}"
 
-    def model_parameters(self, model: str) -> dict[str, str]:
-        """The config.pbtxt parameters a proxy instance reads to find its worker."""
-        address = self.address(model, "{instance}")
-        if len(address) - len("ipc://") > MAX_SOCKET_PATH:
+    def hop_path(self, model: str, instance: int | str) -> str:
+        return f"{self.sockets_dir}/{model}.{instance}.hop"
+
+    def model_parameters(self, model: str, instances: int) -> dict[str, str]:
+        """The config.pbtxt parameters a proxy instance reads to find its worker; ValueError when the
+        sockets of the model's last instance would have too long a path."""
+        longest = self.hop_path(model, instances - 1)
+        if len(longest) > MAX_SOCKET_PATH:
             raise ValueError(
-                f"Socket path {address} is too long for a Unix socket; use a shorter workspace path"
+                f"Socket path {longest} is too long for a Unix socket; use a shorter workspace path"
             )
         return {
-            PARAM_ADDRESS: address,
+            PARAM_ADDRESS: self.address(model, "{instance}"),
+            PARAM_HOP_PATH: self.hop_path(model, "{instance}"),
             PARAM_ARENA_DIR: str(self.arena_dir),
             PARAM_ARENA_BYTES: str(self.arena_bytes),
             PARAM_INLINE_LIMIT: str(self.inline_limit),
@@ -242,14 +254,23 @@ class InstanceServer(threading.Thread):
         self._on_unrecoverable = on_unrecoverable
         self._checker = ResponseChecker(spec)
         self._triton_context = TritonContext(spec.name, spec.config, spec.inputs, spec.outputs)
-        self._socket = zmq.Context.instance().socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.bind(transport.address(spec.name, instance))
-        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._presence = zmq.Context.instance().socket(zmq.ROUTER)
+        self._presence.setsockopt(zmq.LINGER, 0)
+        self._presence.bind(transport.address(spec.name, instance))
+        self._monitor = self._presence.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._hop_path = transport.hop_path(spec.name, instance)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._hop_path)  # a killed worker's socket file
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._listener.bind(self._hop_path)
+        self._listener.listen()
+        self._poller = select.poll()
+        self._poller.register(self._listener, select.POLLIN)
+        self._hops: dict[int, Hop] = {}
         self._stopping = threading.Event()
         self._arenas: dict[str, Arena] = {}
         self._released_requests: list[int] = []
-        self._backlog: deque[list[bytes]] = deque()
+        self._backlog: deque[tuple[Hop, list[memoryview]]] = deque()
         self._cancelled: int | None = None
         self.connections = 0
         self.in_flight = 0
@@ -259,31 +280,36 @@ class InstanceServer(threading.Thread):
 
     @property
     def attached(self) -> bool:
-        """True while a proxy instance is connected to this instance's socket."""
+        """True while a proxy instance is connected to this instance's ZeroMQ socket."""
         return self.connections > 0
 
     def stop(self) -> None:
         self._stopping.set()
 
     def run(self) -> None:
-        # A blocking receive with a timeout, not a poller: the fewest calls between two requests.
-        self._socket.setsockopt(zmq.RCVTIMEO, POLL_INTERVAL_MS)
+        # One poll for the listener and every hop, then a blocking receive: the fewest calls per request.
+        listener = self._listener.fileno()
         try:
             while not self._stopping.is_set():
                 if self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
                     self._track_connections()
                 if self._backlog:
-                    self._serve_one(self._backlog.popleft())
+                    self._serve_one(*self._backlog.popleft())
                     continue
-                try:
-                    frames = self._socket.recv_multipart()
-                except zmq.Again:
-                    continue
-                self._serve_one(frames)
+                for descriptor, _ in self._poller.poll(POLL_INTERVAL_MS):
+                    if descriptor == listener:
+                        self._accept()
+                    elif descriptor in self._hops:
+                        self._receive_from(self._hops[descriptor])
         finally:
-            self._socket.disable_monitor()
+            for hop in list(self._hops.values()):
+                self._drop(hop)
+            self._listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._hop_path)
+            self._presence.disable_monitor()
             self._monitor.close(linger=0)
-            self._socket.close(linger=0)
+            self._presence.close(linger=0)
             for arena in self._arenas.values():
                 arena.close()
 
@@ -292,6 +318,25 @@ class InstanceServer(threading.Thread):
             event = zmq.utils.monitor.recv_monitor_message(self._monitor)["event"]
             self.connections += 1 if event == zmq.EVENT_ACCEPTED else -1
             self.connections = max(self.connections, 0)
+
+    def _accept(self) -> None:
+        hop = Hop(self._listener.accept()[0])
+        self._hops[hop.fileno()] = hop
+        self._poller.register(hop, select.POLLIN)
+
+    def _drop(self, hop: Hop) -> None:
+        """Forget a hop whose proxy instance went away, with whatever it had sent."""
+        self._poller.unregister(hop)
+        del self._hops[hop.fileno()]
+        hop.close()
+        self._backlog = deque(entry for entry in self._backlog if entry[0] is not hop)
+
+    def _receive_from(self, hop: Hop) -> None:
+        frames = hop.receive()
+        if frames is None:
+            self._drop(hop)
+        else:
+            self._serve_one(hop, frames)
 
     def _arena(self, path: str, *, writable: bool) -> Arena:
         arena = self._arenas.get(path)
@@ -303,9 +348,8 @@ class InstanceServer(threading.Thread):
             arena = self._arenas[path] = Arena(path, writable=writable)
         return arena
 
-    def _serve_one(self, frames: list[bytes]) -> None:
-        identity = frames[0]
-        header = decode_header(frames[1])
+    def _serve_one(self, hop: Hop, frames: list[memoryview]) -> None:
+        header = decode_header(frames[0])
         request_arena_path, response_arena_path = header["arenas"]
         responses_arena = self._arena(response_arena_path, writable=True)
         for offset in header.get("released", ()):
@@ -315,30 +359,37 @@ class InstanceServer(threading.Thread):
         self.in_flight += 1
         started = time.perf_counter()
         try:
-            data = frames[2:]
+            data = frames[1:]
             del frames
             requests_arena = self._arena(request_arena_path, writable=False)
             if header.get("decoupled"):
-                for reply_header, reply_frames in self._stream(header, data, requests_arena, responses_arena):
-                    self._send(identity, header["id"], reply_header, reply_frames)
+                replies = self._stream(hop, header, data, requests_arena, responses_arena)
+                try:
+                    for reply_header, reply_frames in replies:
+                        self._send(hop, header["id"], reply_header, reply_frames)
+                finally:
+                    replies.close()
             else:
                 reply_header, reply_frames = self._reply(header, data, requests_arena, responses_arena)
-                self._send(identity, header["id"], reply_header, reply_frames)
+                self._send(hop, header["id"], reply_header, reply_frames)
+        except OSError as error:
+            LOGGER.info("Model %s instance %d: the proxy went away: %s", self.spec.name, self.instance, error)
+            self._drop(hop)
         finally:
             self.in_flight -= 1
             self.requests += len(header["requests"])
             self.busy_seconds += time.perf_counter() - started
 
-    def _send(self, identity: bytes, message_id: int, header: dict[str, Any], frames: list[Any]) -> None:
+    def _send(self, hop: Hop, message_id: int, header: dict[str, Any], frames: list[Any]) -> None:
         header["id"] = message_id
         if "error" in header:
             self.failures += 1
         count = len(self._released_requests)
         header["released"] = self._released_requests[:count]
         del self._released_requests[:count]
-        self._socket.send_multipart([identity, encode_header(header), *frames])
+        hop.send([encode_header(header), *frames])
 
-    def _decode_requests(self, header: dict[str, Any], data: list[bytes], arena: Arena) -> list[Request]:
+    def _decode_requests(self, header: dict[str, Any], data: list[memoryview], arena: Arena) -> list[Request]:
         requests = []
         for entry in header["requests"]:
             inputs = dict(
@@ -358,7 +409,7 @@ class InstanceServer(threading.Thread):
         return [entry["inputs"][0][2][0] if entry["inputs"] else None for entry in header["requests"]]
 
     def _reply(
-        self, header: dict[str, Any], data: list[bytes], requests_arena: Arena, responses_arena: Arena
+        self, header: dict[str, Any], data: list[memoryview], requests_arena: Arena, responses_arena: Arena
     ) -> tuple[dict[str, Any], list[Any]]:
         """The one reply of a non-decoupled model. Returning drops every reference to the inputs."""
         try:
@@ -375,29 +426,36 @@ class InstanceServer(threading.Thread):
             return self._error_reply(error), []
 
     def _stream(
-        self, header: dict[str, Any], data: list[bytes], requests_arena: Arena, responses_arena: Arena
+        self,
+        hop: Hop,
+        header: dict[str, Any],
+        data: list[memoryview],
+        requests_arena: Arena,
+        responses_arena: Arena,
     ) -> Iterator[tuple[dict[str, Any], list[Any]]]:
         """The replies of a decoupled model: one per yielded item, then a final message. A stream whose
-        clients all cancelled closes the generator and ends at once."""
+        clients all cancelled, or whose proxy went away, closes the generator and ends at once."""
         batch_sizes = self._batch_sizes(header)
+        result = None
         try:
             result = self._call(self._decode_requests(header, data, requests_arena))
             items = (
                 _iterate(result) if inspect.isgenerator(result) or inspect.isasyncgen(result) else [result]
             )
             for item in items:
-                yield self._encode_streamed(self._checker.check(item, batch_sizes), responses_arena)
-                self._take_releases(0)
+                yield self._encode_streamed(hop, self._checker.check(item, batch_sizes), responses_arena)
+                self._take_releases(hop, 0)
                 if self._cancelled == header["id"]:
-                    _close(result)
                     break
         except Exception as error:
             yield self._error_reply(error), []
             return
+        finally:
+            _close(result)
         yield {"final": True}, []
 
     def _encode_streamed(
-        self, responses: Sequence[dict[str, np.ndarray]], arena: Arena
+        self, hop: Hop, responses: Sequence[dict[str, np.ndarray]], arena: Arena
     ) -> tuple[dict[str, Any], list[Any]]:
         """Encode one streamed item. The proxy releases response blocks while the stream runs: while the
         arena is full of blocks still in flight, wait for those releases instead of failing the stream."""
@@ -408,16 +466,19 @@ class InstanceServer(threading.Thread):
             except ArenaFullError:
                 if not arena.used_bytes or time.monotonic() > deadline or self._stopping.is_set():
                     raise
-                self._take_releases(POLL_INTERVAL_MS)
+                self._take_releases(hop, POLL_INTERVAL_MS)
 
-    def _take_releases(self, timeout_ms: int) -> None:
-        """Apply the release and cancel messages waiting on the socket; keep requests for the run loop."""
-        while self._socket.poll(timeout_ms):
+    def _take_releases(self, hop: Hop, timeout_ms: int) -> None:
+        """Apply the release and cancel messages waiting on a stream's hop; keep requests for the run
+        loop. ConnectionResetError when the proxy went away: the stream has no one left to serve."""
+        while hop.readable(timeout_ms):
             timeout_ms = 0
-            frames = self._socket.recv_multipart()
-            header = decode_header(frames[1])
+            frames = hop.receive()
+            if frames is None:
+                raise ConnectionResetError(f"the proxy instance of model '{self.spec.name}' went away")
+            header = decode_header(frames[0])
             if "requests" in header:
-                self._backlog.append(frames)
+                self._backlog.append((hop, frames))
             else:
                 self._cancelled = header.get("cancel", self._cancelled)
                 arena = self._arena(header["arenas"][1], writable=True)

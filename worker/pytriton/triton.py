@@ -639,14 +639,13 @@ class _Serving:
     def _prepare(self, spec: ModelSpec, funcs: list[Callable[..., Any]]) -> ModelWorker:
         """Start the model's worker instances and write the model into the repository."""
         assert self._transport is not None
+        parameters = self._transport.model_parameters(spec.name, spec.instances)
         worker = ModelWorker(
             spec, funcs, self._transport, debug=self._debug, on_unrecoverable=self._unrecoverable
         )
         worker.start()
         try:
-            write_model(
-                self._model_repository, spec, self._transport.model_parameters(spec.name), self._runtime
-            )
+            write_model(self._model_repository, spec, parameters, self._runtime)
         except BaseException:
             worker.stop()
             raise

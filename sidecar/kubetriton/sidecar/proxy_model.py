@@ -1,14 +1,16 @@
 """The proxy model: a Triton Python-backend model that forwards each batch to the worker process.
 
 Triton runs one proxy instance per bound callable, each in its own stub process. An instance connects a
-ZeroMQ DEALER to its worker instance's socket, creates its two shared-memory arenas, and for every
-`execute` sends the batch as one message and turns the reply into Triton responses. For a decoupled
-model the worker replies once per streamed item: the proxy forwards each, releases its response blocks
-at once (the stream must not fill the arena), and tells the worker to close the generator when every
-client of the stream has cancelled.
+ZeroMQ DEALER to its worker instance's socket (how the worker knows it is attached; ZeroMQ reconnects it
+to a restarted worker while the proxy is idle), creates its two shared-memory arenas, and for every
+`execute` sends the batch as one message over its `Hop` and turns the reply into Triton responses. The
+hop is connected on the first request and again after its worker went away. For a decoupled model the
+worker replies once per streamed item: the proxy forwards each, releases its response blocks at once
+(the stream must not fill the arena), and tells the worker to close the generator when every client of
+the stream has cancelled.
 
 A worker that is not attached fails a request at once; a worker that goes away while a request is in
-flight fails it as soon as the connection drops. The arenas are reset then, because the blocks the
+flight fails it as soon as the kernel closes the hop. The arenas are reset then, because the blocks the
 worker held are gone with it. This module runs inside the stock Triton image: numpy, pyzmq and
 `kubetriton.transport` only, valid Python 3.10.
 
@@ -18,6 +20,7 @@ wrong answers is the one outcome a client cannot notice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -26,15 +29,16 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 import zmq
-import zmq.utils.monitor
 from kubetriton.transport import (
     INLINE_LIMIT,
     PARAM_ADDRESS,
     PARAM_ARENA_BYTES,
     PARAM_ARENA_DIR,
+    PARAM_HOP_PATH,
     PARAM_INLINE_LIMIT,
     Arena,
     ArenaFullError,
+    Hop,
     decode_header,
     decode_tensor,
     encode_header,
@@ -43,8 +47,6 @@ from kubetriton.transport import (
 
 CANCEL_CHECK_S = 0.1
 """How often a running stream asks Triton whether its clients cancelled it."""
-WORKER_CHECK_MS = 20
-"""How often a request waiting for its reply checks that the worker is still connected."""
 
 
 class WorkerUnavailableError(RuntimeError):
@@ -92,12 +94,11 @@ class TritonPythonModel:
         self._released_responses: list[int] = []
         self._next_id = 0
         self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.IMMEDIATE, 1)
-        self._socket.setsockopt(zmq.RCVTIMEO, WORKER_CHECK_MS)
-        self._socket.connect(parameters[PARAM_ADDRESS].format(instance=instance))
-        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._presence = self._context.socket(zmq.DEALER)
+        self._presence.setsockopt(zmq.LINGER, 0)
+        self._presence.connect(parameters[PARAM_ADDRESS].format(instance=instance))
+        self._hop_path = parameters[PARAM_HOP_PATH].format(instance=instance)
+        self._hop: Hop | None = None
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         if self._decoupled:
@@ -144,9 +145,9 @@ class TritonPythonModel:
     def _send(self, requests: list[Any]) -> int:
         """Encode the batch and send it; large inputs are copied into the request arena.
 
-        Connection events that came while idle are applied first: blocks must not be allocated in an
-        arena that a worker's departure is about to reset."""
-        self._worker_left()
+        The hop is checked first: blocks must not be allocated in an arena that a worker's departure is
+        about to reset."""
+        hop = self._attached_hop()
         frames: list[Any] = []
         allocated: list[int] = []
         entries = []
@@ -179,46 +180,49 @@ class TritonPythonModel:
             "decoupled": self._decoupled,
         }
         try:
-            self._socket.send_multipart([encode_header(header), *frames], flags=zmq.NOBLOCK)
-        except zmq.Again:
-            self._free_requests(allocated)
-            raise WorkerUnavailableError(
-                f"No worker is attached to model '{self._model}'; is the worker process running?"
-            ) from None
+            hop.send([encode_header(header), *frames])
+        except OSError:
+            self._forget_worker()  # its blocks, this request's among them, are free again
+            raise self._not_attached() from None
         return self._next_id
 
-    def _receive(self, message_id: int) -> tuple[dict[str, Any], list[bytes]]:
-        """Wait for the worker's reply to `message_id`; fail once the worker disconnected and no reply
-        is left to read. A blocking receive with a timeout costs less per request than a poller."""
-        worker_left = False
+    def _receive(self, message_id: int) -> tuple[dict[str, Any], list[memoryview]]:
+        """Wait for the worker's reply to `message_id`; fail as soon as the worker's end of the hop closes."""
+        assert self._hop is not None
         while True:
-            try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK if worker_left else 0)
-            except zmq.Again:
-                if worker_left:
-                    raise WorkerUnavailableError(
-                        f"The worker of model '{self._model}' went away while the request was in flight"
-                    ) from None
-                worker_left = self._worker_left()
-                continue
+            frames = self._hop.receive()
+            if frames is None:
+                self._forget_worker()
+                raise WorkerUnavailableError(
+                    f"The worker of model '{self._model}' went away while the request was in flight"
+                )
             header = decode_header(frames[0])
             for offset in header.get("released", ()):
                 self._requests_arena.free(offset)
             if header.get("id") == message_id:
                 return header, frames[1:]
 
-    def _worker_left(self) -> bool:
-        """Apply pending connection events; True when the worker disconnected since the last call (it may
-        have come back since: a restarted worker gets the next request, never the one in flight)."""
-        left = False
-        while self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
-            if zmq.utils.monitor.recv_monitor_message(self._monitor)["event"] == zmq.EVENT_DISCONNECTED:
-                self._forget_worker()
-                left = True
-        return left
+    def _attached_hop(self) -> Hop:
+        """The hop to the worker, connected now if the last one ended (a restarted worker listens anew)."""
+        if self._hop is not None and self._hop.peer_closed():
+            self._forget_worker()
+        if self._hop is None:
+            try:
+                self._hop = Hop.connect(self._hop_path)
+            except OSError:
+                raise self._not_attached() from None
+        return self._hop
+
+    def _not_attached(self) -> WorkerUnavailableError:
+        return WorkerUnavailableError(
+            f"No worker is attached to model '{self._model}'; is the worker process running?"
+        )
 
     def _forget_worker(self) -> None:
         """A worker that went away released every block it held, and took its response arena state along."""
+        if self._hop is not None:
+            self._hop.close()
+            self._hop = None
         self._requests_arena.reset()
         self._released_responses.clear()
 
@@ -237,21 +241,20 @@ class TritonPythonModel:
             "released": self._take_released_responses(),
             "cancel": message_id,
         }
-        try:
-            self._socket.send_multipart([encode_header(header)], flags=zmq.NOBLOCK)
-        except zmq.Again:
-            self._forget_worker()
+        self._send_control(header)
 
     def _release_responses(self) -> None:
         """Tell the worker at once which response blocks are copied out; streams cannot wait for a request."""
         if self._released_responses:
-            header = {"arenas": self._arena_paths, "released": self._take_released_responses()}
-            try:
-                self._socket.send_multipart([encode_header(header)], flags=zmq.NOBLOCK)
-            except zmq.Again:
-                self._forget_worker()
+            self._send_control({"arenas": self._arena_paths, "released": self._take_released_responses()})
 
-    def _response(self, entry: dict[str, Any], data: list[bytes]) -> Any:
+    def _send_control(self, header: dict[str, Any]) -> None:
+        """A message of a running stream. A worker that went away fails the stream's next receive."""
+        if self._hop is not None:
+            with contextlib.suppress(OSError):
+                self._hop.send([encode_header(header)])
+
+    def _response(self, entry: dict[str, Any], data: list[memoryview]) -> Any:
         if "error" in entry:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(entry["error"]))
         tensors = []
@@ -263,9 +266,9 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def finalize(self) -> None:
-        self._socket.disable_monitor()
-        self._monitor.close(linger=0)
-        self._socket.close(linger=0)
+        if self._hop is not None:
+            self._hop.close()
+        self._presence.close(linger=0)
         self._context.term()
         self._requests_arena.close(unlink=True)
         self._responses_arena.close(unlink=True)
