@@ -8,9 +8,10 @@ folder: a blocking send on one side wakes the thread blocked in a receive on the
 thread in between (a ZeroMQ round trip wakes six threads; on a small request that is most of its cost),
 and the kernel ends the connection the moment either process dies, so a request in flight fails at once.
 
-A message is a JSON header frame followed by data frames. A tensor travels either inline, as its own
-frame, or, when it is larger than the inline limit, through an `Arena`: a bounded, pre-sized
-shared-memory file.
+A message is a JSON header frame followed by data frames; a hop's first message names the proxy
+instance's arenas, so that requests need not, and fields at their default are left out. A tensor travels
+either inline, as its own frame, or, when it is larger than the inline limit, through an `Arena`: a
+bounded, pre-sized shared-memory file.
 
 Each proxy instance owns two arenas: the request arena, which only the proxy allocates in and the
 worker maps read-only, and the response arena, which only the worker allocates in and the proxy maps
@@ -232,12 +233,18 @@ class Hop:
         self.socket.close()
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_DECODER = json.JSONDecoder()
+"""Made once: `json.dumps` with separators builds an encoder per call, and `json.loads` of bytes first
+guesses their encoding. Headers are small, so that overhead is much of their cost."""
+
+
 def encode_header(header: dict[str, Any]) -> bytes:
-    return json.dumps(header, separators=(",", ":")).encode()
+    return _ENCODER.encode(header).encode()
 
 
 def decode_header(frame: bytes | memoryview) -> dict[str, Any]:
-    return json.loads(bytes(frame))
+    return _DECODER.raw_decode(str(frame, "utf-8"))[0]
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:

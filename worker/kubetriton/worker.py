@@ -144,18 +144,21 @@ class ResponseChecker:
         self._spec = spec
         self._outputs = {tensor.name: tensor for tensor in spec.outputs}
         self._names = [tensor.name for tensor in spec.outputs]
+        self._batching = bool(spec.max_batch_size)
+        self._dtypes = {tensor.name: np.dtype(tensor.dtype) for tensor in spec.outputs}
+        self._ranks = {tensor.name: len(tensor.shape) + self._batching for tensor in spec.outputs}
 
     def check(self, result: Any, batch_sizes: Sequence[int | None]) -> list[dict[str, np.ndarray]]:
         """`batch_sizes` holds each request's batch size (None when the model does not batch, or the
         request has no input to tell it)."""
         count = len(batch_sizes)
-        if isinstance(result, Mapping) and count == 1:
-            result = [result]
         if not isinstance(result, (list, tuple)):
-            raise ResponseError(
-                f"Model '{self._spec.name}' callable must return a list with one response per request, "
-                f"got {type(result).__name__}"
-            )
+            if not (isinstance(result, Mapping) and count == 1):
+                raise ResponseError(
+                    f"Model '{self._spec.name}' callable must return a list with one response per request, "
+                    f"got {type(result).__name__}"
+                )
+            result = [result]
         if len(result) != count:
             raise ResponseError(
                 f"Model '{self._spec.name}' callable returned {len(result)} responses for {count} requests"
@@ -174,37 +177,39 @@ class ResponseChecker:
                     f"as a response, but the model declares {len(self._names)} outputs"
                 )
             response = dict(zip(self._names, values, strict=True))
-        if not isinstance(response, Mapping):
+        if type(response) is not dict and not isinstance(response, Mapping):
             raise ResponseError(
                 f"Model '{self._spec.name}' callable must return dicts of output name to numpy array, "
                 f"got {type(response).__name__}"
             )
-        unknown = [name for name in response if name not in self._outputs]
-        if unknown:
-            raise ResponseError(
-                f"Model '{self._spec.name}' callable returned undeclared outputs {unknown}; "
-                f"declared outputs are {self._names}"
-            )
-        missing = [name for name in self._names if name not in response]
-        if missing:
+        if self._outputs.keys() != response.keys():
+            unknown = [name for name in response if name not in self._outputs]
+            if unknown:
+                raise ResponseError(
+                    f"Model '{self._spec.name}' callable returned undeclared outputs {unknown}; "
+                    f"declared outputs are {self._names}"
+                )
+            missing = [name for name in self._names if name not in response]
             raise ResponseError(
                 f"Model '{self._spec.name}' callable did not return declared outputs {missing}"
             )
         return {name: self._check_array(name, response[name], batch_size) for name in self._names}
 
     def _check_array(self, name: str, value: Any, batch_size: int | None) -> np.ndarray:
-        declared = self._outputs[name]
+        declared = self._dtypes[name]
         if not isinstance(value, np.ndarray):
             raise ResponseError(
                 f"Model '{self._spec.name}' output '{name}' must be a numpy array, got {type(value).__name__}"
             )
-        if is_bytes_dtype(declared.dtype) != is_bytes_dtype(value.dtype) or value.dtype.kind not in "biufOSU":
-            raise self._dtype_error(name, value)
-        if self._spec.strict and not is_bytes_dtype(declared.dtype) and value.dtype != declared.dtype:
-            raise self._dtype_error(name, value)
+        dtype = value.dtype
+        if dtype != declared:
+            if is_bytes_dtype(declared) != is_bytes_dtype(dtype) or dtype.kind not in "biufOSU":
+                raise self._dtype_error(name, value)
+            if self._spec.strict and not is_bytes_dtype(declared):
+                raise self._dtype_error(name, value)
         self._check_shape(name, value, batch_size)
-        if not is_bytes_dtype(value.dtype) and value.dtype != declared.dtype:
-            value = value.astype(declared.dtype)
+        if dtype != declared and not is_bytes_dtype(dtype):
+            value = value.astype(declared)
         return value
 
     def _dtype_error(self, name: str, value: np.ndarray) -> ResponseError:
@@ -214,20 +219,21 @@ class ResponseChecker:
         )
 
     def _check_shape(self, name: str, value: np.ndarray, batch_size: int | None) -> None:
+        shape = value.shape
+        fits = len(shape) == self._ranks[name]
+        if fits and self._batching and batch_size is not None:
+            fits = shape[0] == batch_size
         declared = self._outputs[name].shape
-        batching = bool(self._spec.max_batch_size)
-        sample_shape = value.shape[1:] if batching else value.shape
-        fits = len(value.shape) == len(declared) + batching
-        if fits and batching and batch_size is not None:
-            fits = value.shape[0] == batch_size
         if fits and self._spec.strict:
+            sample_shape = shape[1:] if self._batching else shape
             fits = all(want in (-1, got) for want, got in zip(declared, sample_shape, strict=True))
         if not fits:
+            batching = self._batching
             request = (
                 f" for a request of batch size {batch_size}" if batching and batch_size is not None else ""
             )
             raise ResponseError(
-                f"Model '{self._spec.name}' output '{name}' has shape {value.shape}, declared "
+                f"Model '{self._spec.name}' output '{name}' has shape {shape}, declared "
                 f"{'[batch] + ' if batching else ''}{list(declared)}{request}"
             )
 
@@ -267,6 +273,8 @@ class InstanceServer(threading.Thread):
         self._poller = select.poll()
         self._poller.register(self._listener, select.POLLIN)
         self._hops: dict[int, Hop] = {}
+        self._hop_arenas: dict[Hop, list[str]] = {}
+        """Each hop's request and response arena paths, from its first message."""
         self._stopping = threading.Event()
         self._arenas: dict[str, Arena] = {}
         self._released_requests: list[int] = []
@@ -328,6 +336,7 @@ class InstanceServer(threading.Thread):
         """Forget a hop whose proxy instance went away, with whatever it had sent."""
         self._poller.unregister(hop)
         del self._hops[hop.fileno()]
+        self._hop_arenas.pop(hop, None)
         hop.close()
         self._backlog = deque(entry for entry in self._backlog if entry[0] is not hop)
 
@@ -350,7 +359,10 @@ class InstanceServer(threading.Thread):
 
     def _serve_one(self, hop: Hop, frames: list[memoryview]) -> None:
         header = decode_header(frames[0])
-        request_arena_path, response_arena_path = header["arenas"]
+        if "arenas" in header:  # the hop's first message
+            self._hop_arenas[hop] = header["arenas"]
+            return
+        request_arena_path, response_arena_path = self._hop_arenas[hop]
         responses_arena = self._arena(response_arena_path, writable=True)
         for offset in header.get("released", ()):
             responses_arena.free(offset)
@@ -385,8 +397,9 @@ class InstanceServer(threading.Thread):
         if "error" in header:
             self.failures += 1
         count = len(self._released_requests)
-        header["released"] = self._released_requests[:count]
-        del self._released_requests[:count]
+        if count:
+            header["released"] = self._released_requests[:count]
+            del self._released_requests[:count]
         hop.send([encode_header(header), *frames])
 
     def _decode_requests(self, header: dict[str, Any], data: list[memoryview], arena: Arena) -> list[Request]:
@@ -414,7 +427,7 @@ class InstanceServer(threading.Thread):
         """The one reply of a non-decoupled model. Returning drops every reference to the inputs."""
         try:
             result = self._call(self._decode_requests(header, data, requests_arena))
-            if inspect.isgenerator(result) or inspect.isasyncgen(result):
+            if type(result) not in _PLAIN_RESULTS and _is_generator(result):
                 raise ResponseError(
                     f"Model '{self.spec.name}' callable is a generator; bind it with "
                     "ModelConfig(decoupled=True) to stream responses"
@@ -439,9 +452,7 @@ class InstanceServer(threading.Thread):
         result = None
         try:
             result = self._call(self._decode_requests(header, data, requests_arena))
-            items = (
-                _iterate(result) if inspect.isgenerator(result) or inspect.isasyncgen(result) else [result]
-            )
+            items = _iterate(result) if _is_generator(result) else [result]
             for item in items:
                 yield self._encode_streamed(hop, self._checker.check(item, batch_sizes), responses_arena)
                 self._take_releases(hop, 0)
@@ -481,7 +492,7 @@ class InstanceServer(threading.Thread):
                 self._backlog.append((hop, frames))
             else:
                 self._cancelled = header.get("cancel", self._cancelled)
-                arena = self._arena(header["arenas"][1], writable=True)
+                arena = self._arena(self._hop_arenas[hop][1], writable=True)
                 for offset in header.get("released", ()):
                     arena.free(offset)
 
@@ -494,7 +505,7 @@ class InstanceServer(threading.Thread):
     def _call(self, requests: list[Request]) -> Any:
         with use_triton_context(self._triton_context):
             result = self._infer_func(requests)
-        if inspect.isawaitable(result):
+        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
             result = _EventLoopThread.run(result)
         return result
 
@@ -518,6 +529,15 @@ class InstanceServer(threading.Thread):
                 arena.free(offset)
             raise ArenaFullError(f"Model '{self.spec.name}' response does not fit: {error}") from None
         return {"responses": encoded}, frames
+
+
+_PLAIN_RESULTS = (list, tuple, dict)
+"""What most callables return; neither awaitable nor a generator, which the `inspect` checks take longer
+to tell on the path of every request."""
+
+
+def _is_generator(result: Any) -> bool:
+    return inspect.isgenerator(result) or inspect.isasyncgen(result)
 
 
 def _close(result: Any) -> None:

@@ -27,7 +27,6 @@ too, so a callable behaves the same whatever the batch looks like.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -97,14 +96,23 @@ _ACTIVE: contextvars.ContextVar[TritonContext | None] = contextvars.ContextVar(
 )
 
 
-@contextlib.contextmanager
-def use_triton_context(context: TritonContext) -> Iterator[TritonContext]:
-    """Make `context` the model context of the decorated callables called inside the block."""
-    token = _ACTIVE.set(context)
-    try:
-        yield context
-    finally:
-        _ACTIVE.reset(token)
+class use_triton_context:
+    """Make `context` the model context of the decorated callables called inside the block.
+
+    A class (named as PyTriton's function) rather than a generator-based context manager: the worker
+    enters it for every request."""
+
+    __slots__ = ("_context", "_token")
+
+    def __init__(self, context: TritonContext) -> None:
+        self._context = context
+
+    def __enter__(self) -> TritonContext:
+        self._token = _ACTIVE.set(self._context)
+        return self._context
+
+    def __exit__(self, *exc_info: object) -> None:
+        _ACTIVE.reset(self._token)
 
 
 _NO_CONTEXT = TritonContext(parameters=types.MappingProxyType({}))

@@ -161,24 +161,22 @@ class TritonPythonModel:
                     if descriptor[3] == "a":
                         allocated.append(descriptor[4])
                     inputs.append(descriptor)
-                entries.append(
-                    {
-                        "inputs": inputs,
-                        "parameters": request.parameters(),
-                        "outputs": sorted(request.requested_output_names()) or None,
-                    }
-                )
+                entry: dict[str, Any] = {"inputs": inputs}
+                parameters = request.parameters()
+                if parameters != "{}":
+                    entry["parameters"] = parameters
+                outputs = request.requested_output_names()
+                if outputs:
+                    entry["outputs"] = sorted(outputs)
+                entries.append(entry)
         except ArenaFullError as error:
             self._free_requests(allocated)
             raise ArenaFullError(f"Request to model '{self._model}' is too large: {error}") from None
         self._next_id += 1
-        header = {
-            "id": self._next_id,
-            "arenas": self._arena_paths,
-            "requests": entries,
-            "released": self._take_released_responses(),
-            "decoupled": self._decoupled,
-        }
+        header: dict[str, Any] = {"id": self._next_id, "requests": entries}
+        if self._decoupled:
+            header["decoupled"] = True
+        self._add_released_responses(header)
         try:
             hop.send([encode_header(header), *frames])
         except OSError:
@@ -208,9 +206,15 @@ class TritonPythonModel:
             self._forget_worker()
         if self._hop is None:
             try:
-                self._hop = Hop.connect(self._hop_path)
+                hop = Hop.connect(self._hop_path)
             except OSError:
                 raise self._not_attached() from None
+            try:
+                hop.send([encode_header({"arenas": self._arena_paths})])
+            except OSError:
+                hop.close()
+                raise self._not_attached() from None
+            self._hop = hop
         return self._hop
 
     def _not_attached(self) -> WorkerUnavailableError:
@@ -230,23 +234,23 @@ class TritonPythonModel:
         for offset in offsets:
             self._requests_arena.free(offset)
 
-    def _take_released_responses(self) -> list[int]:
-        released, self._released_responses = self._released_responses, []
-        return released
+    def _add_released_responses(self, header: dict[str, Any]) -> None:
+        """Tell the worker, with this message, which response blocks are copied out."""
+        if self._released_responses:
+            header["released"], self._released_responses = self._released_responses, []
 
     def _cancel(self, message_id: int) -> None:
         """Every client of the stream cancelled: ask the worker to close the generator and end it."""
-        header = {
-            "arenas": self._arena_paths,
-            "released": self._take_released_responses(),
-            "cancel": message_id,
-        }
+        header: dict[str, Any] = {"cancel": message_id}
+        self._add_released_responses(header)
         self._send_control(header)
 
     def _release_responses(self) -> None:
         """Tell the worker at once which response blocks are copied out; streams cannot wait for a request."""
         if self._released_responses:
-            self._send_control({"arenas": self._arena_paths, "released": self._take_released_responses()})
+            header: dict[str, Any] = {}
+            self._add_released_responses(header)
+            self._send_control(header)
 
     def _send_control(self, header: dict[str, Any]) -> None:
         """A message of a running stream. A worker that went away fails the stream's next receive."""
