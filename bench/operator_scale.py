@@ -418,7 +418,7 @@ class Run:
         await wait_until(self.operator.serving, 60, "the restarted operator to serve models")
 
         async def resumed() -> bool:
-            done = sum("Resuming is processed" in line for line in self.operator.lines(lines))
+            done = sum("reconciled: no change needed" in line for line in self.operator.lines(lines))
             return done >= self.args.models
 
         await wait_until(resumed, self.args.timeout, "every model resumed")

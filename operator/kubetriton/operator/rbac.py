@@ -2,7 +2,8 @@
 
 Each rule names only the verbs the operator uses. Server-side apply needs `create` and `patch`;
 kopf needs `list` and `watch` on what it watches or indexes (the models, every kind of child, so
-that a deleted child is put back, and the pods) and `patch` on the models for its annotations.
+that a deleted child is put back, and the pods). The models themselves are never written, only
+their status.
 Children the spec may stop wanting are also deleted. Watching CRDs tells whether ServiceMonitors
 exist and lets kopf serve a CRD installed after the operator started; watching namespaces tells
 which ones are being deleted, and serves kopf's namespace patterns.
@@ -19,7 +20,7 @@ NAMESPACE = "kubetriton-system"
 
 WATCH = ["list", "watch"]
 RULES: list[dict[str, list[str]]] = [
-    {"apiGroups": [spec.GROUP], "resources": [spec.PLURAL], "verbs": ["get", *WATCH, "patch"]},
+    {"apiGroups": [spec.GROUP], "resources": [spec.PLURAL], "verbs": ["get", *WATCH]},
     {"apiGroups": [spec.GROUP], "resources": [f"{spec.PLURAL}/status"], "verbs": ["get", "patch"]},
     *(
         {"apiGroups": [kind.group], "resources": [kind.plural], "verbs": [*WATCH, "create", "patch"]}

@@ -1,9 +1,12 @@
 """The kopf layer: observe models and their children, apply the desired children, write status.
 
 One level-based routine, `converge`, brings a model's children in line with its spec and reports
-what they show. It serves kopf's create, update and resume causes alike, a child deleted under a
-live model, a ServiceMonitor CRD that appears after the models, and the retries of a failed apply;
-running it again changes nothing. Every child kind is watched into a kopf index, so the routine
+what they show. It runs for each generation of a model's spec the operator has not converged yet
+(so for every model once at start), a child deleted under a live model, a ServiceMonitor CRD that
+appears after the models, and the retries of a failed apply; running it again changes nothing.
+Models are watched with a plain event handler, not kopf's create/update/resume handlers, which
+keep their state in an annotation of each model: that is one write per model and change, and the
+operator keeps what it needs in memory. Every child kind is watched into a kopf index, so the routine
 knows what exists and what was applied (each child carries a fingerprint of it) without a request:
 an unchanged model costs no write at all.
 
@@ -68,23 +71,19 @@ MODELS_INDEX = "models"
 CRDS_INDEX = "established_crds"
 TERMINATING_INDEX = "terminating_namespaces"
 ALL_INDEXES = (MODELS_INDEX, CRDS_INDEX, TERMINATING_INDEX, *INDEXES.values())
-FORGET_HANDLER, CRD_HANDLER = "forget", "crd"
-WATCH_HANDLERS = (FORGET_HANDLER, CRD_HANDLER, *(kind.plural for kind in INDEXES))
+MODEL_HANDLER, CRD_HANDLER = "model", "crd"
+WATCH_HANDLERS = (MODEL_HANDLER, CRD_HANDLER, *(kind.plural for kind in INDEXES))
 """The ids of the handlers that kopf calls for every watch event of what they watch."""
 
 
 def operator_settings() -> kopf.OperatorSettings:
-    """kopf settings: state kept in annotations of our group, children filtered by the API server
+    """kopf settings: children filtered by the API server
     (the operator never sees other apps' objects), and CRDs watched, so that a CRD installed after
     the operator started is served."""
     settings = kopf.OperatorSettings()
     managed = ",".join(f"{key}={value}" for key, value in CHILD_LABELS.items())
     for kind in INDEXES:
         settings.watching.label_selectors[kind.resource] = managed
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
     settings.posting.level = logging.WARNING
     settings.scanning.disabled = False
     return settings
@@ -217,6 +216,8 @@ class ModelState:
     """Serializes everything done for the model: kopf's handlers, child events and retries."""
     parsed: tuple[str, int, PyTritonModel | str] | None = None
     """uid, generation, and the model or the reason its spec is invalid."""
+    converged: tuple[str, int] | None = None
+    """uid and generation of the spec last converged."""
     failure: status.ApplyFailure | None = None
     attempts: int = 0
     retry: asyncio.TimerHandle | None = None
@@ -356,7 +357,11 @@ class Reconciler:
         await self._for_model(key, self._refresh)
 
     async def _converge(self, key: Key, state: ModelState, owner: dict[str, Any]) -> None:
+        """Apply and publish; a generation's first converge says so once, even when nothing changed
+        (as for every model at start)."""
         logger = self._logger(owner)
+        metadata = owner["metadata"]
+        stamp = (metadata.get("uid", ""), metadata.get("generation", 0))
         model = self._parse(state, owner)
         if isinstance(model, str):
             logger.warning(f"invalid spec: {model}")
@@ -373,10 +378,12 @@ class Reconciler:
             else:
                 state.failure, state.attempts = None, 0
                 state.cancel_retry()
-                if done:
+                if stamp != state.converged:
+                    logger.info(f"generation {stamp[1]} reconciled: {done or 'no change needed'}")
+                elif done:
                     logger.info(done)
-        generation = owner["metadata"].get("generation")
-        await self._publish(key, state, owner, logger, observed_generation=generation)
+        state.converged = stamp
+        await self._publish(key, state, owner, logger, observed_generation=metadata.get("generation"))
 
     async def _refresh(self, key: Key, state: ModelState, owner: dict[str, Any]) -> None:
         await self._publish(key, state, owner, self._logger(owner))
@@ -514,16 +521,20 @@ class Reconciler:
 
     # kopf handlers.
 
-    async def reconcile(self, namespace: str, name: str, **_: Any) -> None:
-        """kopf's create, update and resume: one routine for all three."""
-        await self.converge((namespace, name))
-
-    async def model_event(self, type: str, namespace: str, name: str, **_: Any) -> None:
-        """A deleted model's state is forgotten."""
+    async def model_event(
+        self, type: str | None, body: kopf.Body, namespace: str, name: str, **_: Any
+    ) -> None:
+        """A model listed at start, created, or with a spec not converged yet is converged; a deleted
+        model's state is forgotten. Other events (its status, written here) change nothing."""
+        key = (namespace, name)
         if type == "DELETED":
-            state = self._models.pop((namespace, name), None)
+            state = self._models.pop(key, None)
             if state is not None:
                 state.cancel_retry()
+            return
+        state = self._models.get(key)
+        if state is None or state.converged != (body.metadata.uid, body.metadata.get("generation", 0)):
+            await self.converge(key)
 
     async def child_event(
         self, type: str, body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any
@@ -584,8 +595,6 @@ def build_operator(
         watch = kopf.on.event(*kind.resource, labels=CHILD_LABELS, id=kind.plural, registry=registry)
         watch(reconciler.child_event)
 
-    for cause in (kopf.on.create, kopf.on.update, kopf.on.resume):
-        cause(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)(reconciler.reconcile)
-    kopf.on.event(GROUP, VERSION, PLURAL, id=FORGET_HANDLER, registry=registry)(reconciler.model_event)
+    kopf.on.event(GROUP, VERSION, PLURAL, id=MODEL_HANDLER, registry=registry)(reconciler.model_event)
     kopf.on.event(*crds, id=CRD_HANDLER, when=_watched_crd, registry=registry)(reconciler.crd_event)
     return Operator(registry, reconciler)
