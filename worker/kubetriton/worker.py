@@ -295,20 +295,25 @@ class InstanceServer(threading.Thread):
         self._stopping.set()
 
     def run(self) -> None:
-        # One poll for the listener and every hop, then a blocking receive: the fewest calls per request.
+        # One poll for the listener, the monitor and every hop, then a blocking receive: the fewest calls
+        # per request. Asking ZeroMQ for the monitor's events costs a system call, so it is asked only
+        # when the monitor's descriptor signals that some may have arrived.
         listener = self._listener.fileno()
+        monitor = self._monitor.get(zmq.FD)
+        self._poller.register(monitor, select.POLLIN)
         try:
+            self._track_connections()
             while not self._stopping.is_set():
-                if self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
-                    self._track_connections()
                 if self._backlog:
                     self._serve_one(*self._backlog.popleft())
                     continue
                 for descriptor, _ in self._poller.poll(POLL_INTERVAL_MS):
-                    if descriptor == listener:
-                        self._accept()
-                    elif descriptor in self._hops:
+                    if descriptor in self._hops:
                         self._receive_from(self._hops[descriptor])
+                    elif descriptor == listener:
+                        self._accept()
+                    elif descriptor == monitor:
+                        self._track_connections()
         finally:
             for hop in list(self._hops.values()):
                 self._drop(hop)
@@ -322,6 +327,8 @@ class InstanceServer(threading.Thread):
                 arena.close()
 
     def _track_connections(self) -> None:
+        """Count the attach and detach events waiting. ZeroMQ's descriptor signals only new arrivals, so
+        every waiting event is taken now."""
         while self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
             event = zmq.utils.monitor.recv_monitor_message(self._monitor)["event"]
             self.connections += 1 if event == zmq.EVENT_ACCEPTED else -1
