@@ -145,9 +145,21 @@ class TritonPythonModel:
     def _send(self, requests: list[Any]) -> int:
         """Encode the batch and send it; large inputs are copied into the request arena.
 
-        The hop is checked first: blocks must not be allocated in an arena that a worker's departure is
-        about to reset."""
-        hop = self._attached_hop()
+        A hop whose worker went away fails the send, so no system call is spent on checking it first. A
+        restarted worker listens anew: the batch is then encoded again, into an arena that the departure
+        reset, and sent over a new hop."""
+        try:
+            return self._send_over(self._attached_hop(), requests)
+        except OSError:
+            self._forget_worker()  # its blocks, this request's among them, are free again
+        try:
+            return self._send_over(self._attached_hop(), requests)
+        except OSError:
+            self._forget_worker()
+            raise self._not_attached() from None
+
+    def _send_over(self, hop: Hop, requests: list[Any]) -> int:
+        """Encode the batch and send it over `hop`; OSError when its worker went away."""
         frames: list[Any] = []
         allocated: list[int] = []
         entries = []
@@ -171,17 +183,15 @@ class TritonPythonModel:
                 entries.append(entry)
         except ArenaFullError as error:
             self._free_requests(allocated)
+            if hop.peer_closed():  # the arena may be full of blocks that the departed worker held
+                raise ConnectionResetError("the worker went away") from None
             raise ArenaFullError(f"Request to model '{self._model}' is too large: {error}") from None
         self._next_id += 1
         header: dict[str, Any] = {"id": self._next_id, "requests": entries}
         if self._decoupled:
             header["decoupled"] = True
         self._add_released_responses(header)
-        try:
-            hop.send([encode_header(header), *frames])
-        except OSError:
-            self._forget_worker()  # its blocks, this request's among them, are free again
-            raise self._not_attached() from None
+        hop.send([encode_header(header), *frames])
         return self._next_id
 
     def _receive(self, message_id: int) -> tuple[dict[str, Any], list[memoryview]]:
@@ -201,9 +211,8 @@ class TritonPythonModel:
                 return header, frames[1:]
 
     def _attached_hop(self) -> Hop:
-        """The hop to the worker, connected now if the last one ended (a restarted worker listens anew)."""
-        if self._hop is not None and self._hop.peer_closed():
-            self._forget_worker()
+        """The hop to the worker, connected now if there is none (the first request, or the last hop's
+        worker went away)."""
         if self._hop is None:
             try:
                 hop = Hop.connect(self._hop_path)
