@@ -179,7 +179,7 @@ class Hop:
     def send(self, frames: Sequence[Any]) -> None:
         """Send one message; OSError (BrokenPipeError, ConnectionResetError) when the peer is gone."""
         lengths = [len(frame) for frame in frames]
-        prefix = _FRAME_COUNT.pack(len(frames)) + struct.pack(f"<{len(frames)}Q", *lengths)
+        prefix = struct.pack(f"<I{len(frames)}Q", len(frames), *lengths)
         if len(prefix) + sum(lengths) <= HOP_DATAGRAM_BYTES:
             self.socket.sendmsg([prefix, *frames], (), socket.MSG_NOSIGNAL)
             return
@@ -335,8 +335,9 @@ def decode_tensor(
         array.flags.writeable = False
         return name, array
     if isinstance(buffer, np.ndarray):
-        array = buffer.view(np.dtype(dtype)).reshape(shape)
+        array = buffer.view(dtype).reshape(shape)
     else:
-        array = np.frombuffer(buffer, dtype=np.dtype(dtype)).reshape(shape)
-    array.flags.writeable = False
+        array = np.frombuffer(buffer, dtype).reshape(shape)
+    if array.flags.writeable:  # a view of a hop's frames or of a read-only arena is read-only already
+        array.flags.writeable = False
     return name, array

@@ -411,15 +411,14 @@ class InstanceServer(threading.Thread):
 
     def _decode_requests(self, header: dict[str, Any], data: list[memoryview], arena: Arena) -> list[Request]:
         requests = []
+        release = self._released_requests.append
         for entry in header["requests"]:
-            inputs = dict(
-                decode_tensor(d, data, arena, self._released_requests.append) for d in entry["inputs"]
-            )
-            raw = entry.get("parameters")
-            parameters = json.loads(raw) if raw and raw != "{}" else {}
-            requests.append(
-                Request(data=inputs, parameters=parameters, requested_output_names=entry.get("outputs"))
-            )
+            inputs = {}
+            for descriptor in entry["inputs"]:
+                name, array = decode_tensor(descriptor, data, arena, release)
+                inputs[name] = array
+            raw = entry.get("parameters")  # left out when the request has none
+            requests.append(Request(inputs, json.loads(raw) if raw else {}, entry.get("outputs")))
         return requests
 
     def _batch_sizes(self, header: dict[str, Any]) -> list[int | None]:
