@@ -8,8 +8,9 @@ list (`batch`, `sample`, `group_by_keys`, `fill_optionals`) go above those that 
 (`group_by_values`, `pad_batch`, `first_value`), with `triton_context` last.
 
 Model context: a callable may return a list of arrays instead of a dict, and `pad_batch` needs the
-batch sizes of the model. Both come from a `TritonContext` that the runtime makes active around each
-call with `use_triton_context(context)`; tests and direct calls can do the same. Every decorator reads
+batch sizes of the model. Both come from a `TritonContext` that the runtime makes active with
+`use_triton_context(context)` on the thread that calls the model's callable; tests and direct calls can
+do the same around a call. Every decorator reads
 the active context when it is called, before the wrapped callable runs, so coroutine and generator
 callables see the context of their call. Without an active context, a list returned under `@batch` or
 `@sample` becomes one `Request` per request whose values the runtime maps positionally onto the
@@ -99,8 +100,8 @@ _ACTIVE: contextvars.ContextVar[TritonContext | None] = contextvars.ContextVar(
 class use_triton_context:
     """Make `context` the model context of the decorated callables called inside the block.
 
-    A class (named as PyTriton's function) rather than a generator-based context manager: the worker
-    enters it for every request."""
+    A class (named as PyTriton's function) rather than a generator-based context manager, so that entering
+    it costs little."""
 
     __slots__ = ("_context", "_token")
 
