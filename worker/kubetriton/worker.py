@@ -259,6 +259,7 @@ class InstanceServer(threading.Thread):
         self._debug = debug
         self._on_unrecoverable = on_unrecoverable
         self._checker = ResponseChecker(spec)
+        self._batching = bool(spec.max_batch_size)
         self._triton_context = TritonContext(spec.name, spec.config, spec.inputs, spec.outputs)
         self._presence = zmq.Context.instance().socket(zmq.ROUTER)
         self._presence.setsockopt(zmq.LINGER, 0)
@@ -426,7 +427,7 @@ class InstanceServer(threading.Thread):
 
     def _batch_sizes(self, header: dict[str, Any]) -> list[int | None]:
         """Each request's batch size: the first dimension of its inputs, when the model batches."""
-        if not self.spec.max_batch_size:
+        if not self._batching:
             return [None] * len(header["requests"])
         return [entry["inputs"][0][2][0] if entry["inputs"] else None for entry in header["requests"]]
 
@@ -523,11 +524,12 @@ class InstanceServer(threading.Thread):
         frames: list[Any] = []
         allocated: list[int] = []
         encoded = []
+        inline_limit = self._transport.inline_limit
         try:
             for response in responses:
                 outputs = []
                 for name, array in response.items():
-                    descriptor = encode_tensor(name, array, frames, arena, self._transport.inline_limit)
+                    descriptor = encode_tensor(name, array, frames, arena, inline_limit)
                     if descriptor[3] == "a":
                         allocated.append(descriptor[4])
                     outputs.append(descriptor)
