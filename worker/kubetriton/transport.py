@@ -233,10 +233,11 @@ class Hop:
         self.socket.close()
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 _DECODER = json.JSONDecoder()
 """Made once: `json.dumps` with separators builds an encoder per call, and `json.loads` of bytes first
-guesses their encoding. Headers are small, so that overhead is much of their cost."""
+guesses their encoding. Headers are small, so that overhead is much of their cost. Headers are trees
+built here, never circular, so the encoder need not track the containers it is inside of."""
 
 
 def encode_header(header: dict[str, Any]) -> bytes:
