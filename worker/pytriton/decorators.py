@@ -131,6 +131,8 @@ def _with_parameters(context: TritonContext, parameters: Mapping[str, Any]) -> T
 
 def _invoke(context: TritonContext, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call `func` with `context` active, so decorators below it see the context of this call."""
+    if _ACTIVE.get() is context:  # the model's own, as for every call whose requests carry no parameters
+        return func(*args, **kwargs)
     token = _ACTIVE.set(context)
     try:
         return func(*args, **kwargs)
@@ -292,11 +294,12 @@ def batch(func: Callable[..., Any]) -> Callable[..., Any]:
                     f"Cannot batch requests with different inputs: request 0 has {sorted(names)}, "
                     f"request {index} has {sorted(request.keys())}; put @group_by_keys above @batch"
                 )
-        clashing = sorted(set(names) & set(kwargs))
-        if clashing:
-            raise PyTritonValidationError(
-                f"@batch inputs {clashing} clash with keyword arguments of the call"
-            )
+        if kwargs:  # keyword arguments beside the requests are rare
+            clashing = sorted(set(names) & set(kwargs))
+            if clashing:
+                raise PyTritonValidationError(
+                    f"@batch inputs {clashing} clash with keyword arguments of the call"
+                )
         inputs = {name: _concatenate(name, [request[name] for request in requests]) for name in names}
         sizes = [get_inference_request_batch_size(request) for request in requests]
         context = _with_parameters(_active_context(), _shared_parameters(requests))
