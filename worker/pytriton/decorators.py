@@ -10,11 +10,10 @@ list (`batch`, `sample`, `group_by_keys`, `fill_optionals`) go above those that 
 Model context: a callable may return a list of arrays instead of a dict, and `pad_batch` needs the
 batch sizes of the model. Both come from a `TritonContext` that the runtime makes active with
 `use_triton_context(context)` on the thread that calls the model's callable; tests and direct calls can
-do the same around a call. Every decorator reads
-the active context when it is called, before the wrapped callable runs, so coroutine and generator
-callables see the context of their call. Without an active context, a list returned under `@batch` or
-`@sample` becomes one `Request` per request whose values the runtime maps positionally onto the
-declared outputs.
+do the same around a call. Every decorator reads the active context when it is called, before the
+wrapped callable runs, so coroutine and generator callables see the context of their call. Without an
+active context, a list returned under `@batch` or `@sample` becomes one `Request` per request whose
+values the runtime maps positionally onto the declared outputs.
 
 Request parameters (and the HTTP/gRPC headers Triton forwards as parameters) stay on the `Request`
 objects that the request-list decorators pass on. Below `@batch`, the batched call sees them as
