@@ -274,10 +274,10 @@ class InstanceServer(threading.Thread):
         self._poller = select.poll()
         self._poller.register(self._listener, select.POLLIN)
         self._hops: dict[int, Hop] = {}
-        self._hop_arenas: dict[Hop, list[str]] = {}
-        """Each hop's request and response arena paths, from its first message."""
+        self._hop_arenas: dict[Hop, tuple[Arena, Arena]] = {}
+        """Each hop's request arena (read-only) and response arena, mapped when its first message names
+        them and closed with the hop: a new hop starts with a response arena that has no blocks in use."""
         self._stopping = threading.Event()
-        self._arenas: dict[str, Arena] = {}
         self._released_requests: list[int] = []
         self._backlog: deque[tuple[Hop, list[memoryview]]] = deque()
         self._cancelled: int | None = None
@@ -327,8 +327,6 @@ class InstanceServer(threading.Thread):
             self._presence.disable_monitor()
             self._monitor.close(linger=0)
             self._presence.close(linger=0)
-            for arena in self._arenas.values():
-                arena.close()
 
     def _track_connections(self) -> None:
         """Count the attach and detach events waiting. ZeroMQ's descriptor signals only new arrivals, so
@@ -347,7 +345,8 @@ class InstanceServer(threading.Thread):
         """Forget a hop whose proxy instance went away, with whatever it had sent."""
         self._poller.unregister(hop)
         del self._hops[hop.fileno()]
-        self._hop_arenas.pop(hop, None)
+        for arena in self._hop_arenas.pop(hop, ()):
+            arena.close()
         hop.close()
         self._backlog = deque(entry for entry in self._backlog if entry[0] is not hop)
 
@@ -358,23 +357,14 @@ class InstanceServer(threading.Thread):
         else:
             self._serve_one(hop, frames)
 
-    def _arena(self, path: str, *, writable: bool) -> Arena:
-        arena = self._arenas.get(path)
-        if arena is None:
-            for stale in [
-                known for known in self._arenas if known.rsplit(".", 1)[0] != path.rsplit(".", 1)[0]
-            ]:
-                self._arenas.pop(stale).close()
-            arena = self._arenas[path] = Arena(path, writable=writable)
-        return arena
-
     def _serve_one(self, hop: Hop, frames: list[memoryview]) -> None:
         header = decode_header(frames[0])
         if "arenas" in header:  # the hop's first message
-            self._hop_arenas[hop] = header["arenas"]
+            requests_path, responses_path = header["arenas"]
+            requests_arena = Arena(requests_path, writable=False)
+            self._hop_arenas[hop] = (requests_arena, Arena(responses_path, writable=True))
             return
-        request_arena_path, response_arena_path = self._hop_arenas[hop]
-        responses_arena = self._arena(response_arena_path, writable=True)
+        requests_arena, responses_arena = self._hop_arenas[hop]
         for offset in header.get("released", ()):
             responses_arena.free(offset)
         if "requests" not in header:
@@ -384,7 +374,6 @@ class InstanceServer(threading.Thread):
         try:
             data = frames[1:]
             del frames
-            requests_arena = self._arena(request_arena_path, writable=False)
             if header.get("decoupled"):
                 replies = self._stream(hop, header, data, requests_arena, responses_arena)
                 try:
@@ -502,9 +491,9 @@ class InstanceServer(threading.Thread):
                 self._backlog.append((hop, frames))
             else:
                 self._cancelled = header.get("cancel", self._cancelled)
-                arena = self._arena(self._hop_arenas[hop][1], writable=True)
+                responses_arena = self._hop_arenas[hop][1]
                 for offset in header.get("released", ()):
-                    arena.free(offset)
+                    responses_arena.free(offset)
 
     def _error_reply(self, error: Exception) -> dict[str, Any]:
         LOGGER.warning("Model %s instance %d: %s", self.spec.name, self.instance, error, exc_info=self._debug)
