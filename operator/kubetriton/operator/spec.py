@@ -58,6 +58,9 @@ MAX_PULL_SECRETS = 16
 MAX_POD_METADATA = 64
 """The most labels, and the most annotations, the pods may get."""
 NAME_MAX_LENGTH = 253
+KEYED_BY_NAME = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
+"""Schema markers of a list whose items are told apart by name: the API server refuses a name twice,
+and server-side apply merges such lists item by item."""
 DEFAULT_STARTUP_SECONDS = 1200
 """How long a worker may take to start serving its health endpoint before Kubernetes restarts it."""
 RESERVED_VOLUMES = (podenv.WORKSPACE_VOLUME, podenv.SHM_VOLUME)
@@ -284,7 +287,7 @@ class WorkerSpec(_Model):
         list[EnvVar],
         Field(
             max_length=MAX_ENV_VARS,
-            json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+            json_schema_extra=KEYED_BY_NAME,
         ),
     ] = []
     """Extra environment variables, at most 256, each name once; the operator adds the pod contract's
@@ -460,7 +463,7 @@ class PyTritonModelSpec(_Model):
         list[Volume],
         Field(
             max_length=MAX_VOLUMES,
-            json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+            json_schema_extra=KEYED_BY_NAME,
         ),
     ] = []
     """Volumes of the pods (core/v1 Volume: persistentVolumeClaim, secret, configMap, csi, emptyDir...),
