@@ -83,8 +83,7 @@ def _container_problem(container: Mapping[str, Any]) -> Diagnosis | None:
     if reason == CRASH_LOOP:
         detail = last_exit.get("message") or last_exit.get("reason") or waiting.get("message", "")
         return Diagnosis(CRASH_LOOP, f"container {name} keeps exiting: {detail}".rstrip(": "))
-    running = "running" in (container.get("state") or {})
-    if name == WORKER_CONTAINER and running and not container.get("ready") and last_exit.get("exitCode"):
+    if _worker_running_unready(container) and last_exit.get("exitCode"):
         detail = last_exit.get("message") or f"exit code {last_exit['exitCode']}"
         return Diagnosis(MODEL_LOAD_FAILED, f"the worker restarted and is not ready: {detail}")
     return None
@@ -102,18 +101,22 @@ def diagnose_pod(pod: Mapping[str, Any], gpu_resource: str) -> Diagnosis | None:
     return None
 
 
+def _worker_running_unready(container: Mapping[str, Any]) -> bool:
+    return (
+        container.get("name") == WORKER_CONTAINER
+        and "running" in (container.get("state") or {})
+        and not container.get("ready")
+    )
+
+
 def loading(pods: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The pods (not stopping) whose worker runs but is not ready yet and has not failed: it is loading
-    its models, or binding them. That is no problem, however long it takes."""
+    """The pods whose worker runs but is not ready yet and has not failed: it is loading its models, or
+    binding them. That is no problem, however long it takes."""
     names = []
     for pod in pods:
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
-            continue
         for container in (pod.get("status") or {}).get("containerStatuses") or []:
-            running = "running" in (container.get("state") or {})
             failed_before = ((container.get("lastState") or {}).get("terminated") or {}).get("exitCode")
-            worker = container.get("name") == WORKER_CONTAINER
-            if worker and running and not container.get("ready") and not failed_before:
+            if _worker_running_unready(container) and not failed_before:
                 names.append(pod["metadata"]["name"])
     return sorted(names)
 
@@ -237,20 +240,20 @@ def summarize(
     pods: Iterable[Mapping[str, Any]],
     failure: ApplyFailure | None = None,
 ) -> dict[str, Any]:
-    """The status of a model, without transition times and observedGeneration."""
-    pods = list(pods)
+    """The status of a model, without transition times and observedGeneration. Stopping pods are left
+    out: a draining worker is neither loading nor failing."""
+    pods = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
     problem = diagnose(deployment, pods, model.spec.gpus.resource_name)
     deployment_status = (deployment or {}).get("status") or {}
     name, namespace = model.metadata.name, model.metadata.namespace or "default"
     ports = model.spec.service.ports
     least_ready = model.spec.min_replicas if model.spec.autoscaling is not None else None
-    observed = _conditions(deployment, problem, least_ready, loading(pods))
-    if failure is None:
-        conditions = observed
-    elif failure.temporary:
-        conditions = _retrying_conditions(observed, failure)
-    else:
+    if failure is not None and not failure.temporary:
         conditions = failure_conditions(APPLY_FAILED, failure.message)
+    else:
+        conditions = _conditions(deployment, problem, least_ready, loading(pods))
+        if failure is not None:
+            conditions = _retrying_conditions(conditions, failure)
     return {
         "replicas": deployment_status.get("replicas", 0),
         "readyReplicas": deployment_status.get("readyReplicas", 0),
