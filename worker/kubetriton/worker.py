@@ -27,7 +27,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +238,25 @@ class ResponseChecker:
             )
 
 
+@dataclass(eq=False)
+class Peer:
+    """One proxy instance attached through its hop, and what the worker keeps for it alone: a proxy that
+    comes back (after a Triton restart) starts afresh, its request ids and arena blocks included."""
+
+    hop: Hop
+    arenas: tuple[Arena, Arena] | None = None
+    """Its request arena (read-only) and response arena, mapped when its first message names them."""
+    released: list[int] = field(default_factory=list)
+    """Blocks of its request arena that callables let go of, told with the next reply."""
+    cancelled: int | None = None
+    """The id of its stream whose clients all cancelled."""
+
+    def close(self) -> None:
+        for arena in self.arenas or ():
+            arena.close()
+        self.hop.close()
+
+
 class InstanceServer(threading.Thread):
     """Serves one proxy instance: receives its requests, runs the callable, sends the responses."""
 
@@ -273,14 +292,10 @@ class InstanceServer(threading.Thread):
         self._listener.listen()
         self._poller = select.poll()
         self._poller.register(self._listener, select.POLLIN)
-        self._hops: dict[int, Hop] = {}
-        self._hop_arenas: dict[Hop, tuple[Arena, Arena]] = {}
-        """Each hop's request arena (read-only) and response arena, mapped when its first message names
-        them and closed with the hop: a new hop starts with a response arena that has no blocks in use."""
+        self._peers: dict[int, Peer] = {}
+        """The attached proxy instances, by their hop's descriptor."""
         self._stopping = threading.Event()
-        self._released_requests: list[int] = []
-        self._backlog: deque[tuple[Hop, list[memoryview]]] = deque()
-        self._cancelled: int | None = None
+        self._backlog: deque[tuple[Peer, list[memoryview]]] = deque()
         self.connections = 0
         self.in_flight = 0
         self.requests = 0
@@ -312,15 +327,15 @@ class InstanceServer(threading.Thread):
                         self._serve_one(*self._backlog.popleft())
                         continue
                     for descriptor, _ in self._poller.poll(POLL_INTERVAL_MS):
-                        if descriptor in self._hops:
-                            self._receive_from(self._hops[descriptor])
+                        if descriptor in self._peers:
+                            self._receive_from(self._peers[descriptor])
                         elif descriptor == listener:
                             self._accept()
                         elif descriptor == monitor:
                             self._track_connections()
         finally:
-            for hop in list(self._hops.values()):
-                self._drop(hop)
+            for peer in list(self._peers.values()):
+                self._drop(peer)
             self._listener.close()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._hop_path)
@@ -338,33 +353,31 @@ class InstanceServer(threading.Thread):
 
     def _accept(self) -> None:
         hop = Hop(self._listener.accept()[0])
-        self._hops[hop.fileno()] = hop
+        self._peers[hop.fileno()] = Peer(hop)
         self._poller.register(hop, select.POLLIN)
 
-    def _drop(self, hop: Hop) -> None:
+    def _drop(self, peer: Peer) -> None:
         """Forget a hop whose proxy instance went away, with whatever it had sent."""
-        self._poller.unregister(hop)
-        del self._hops[hop.fileno()]
-        for arena in self._hop_arenas.pop(hop, ()):
-            arena.close()
-        hop.close()
-        self._backlog = deque(entry for entry in self._backlog if entry[0] is not hop)
+        self._poller.unregister(peer.hop)
+        del self._peers[peer.hop.fileno()]
+        peer.close()
+        self._backlog = deque(entry for entry in self._backlog if entry[0] is not peer)
 
-    def _receive_from(self, hop: Hop) -> None:
-        frames = hop.receive()
+    def _receive_from(self, peer: Peer) -> None:
+        frames = peer.hop.receive()
         if frames is None:
-            self._drop(hop)
+            self._drop(peer)
         else:
-            self._serve_one(hop, frames)
+            self._serve_one(peer, frames)
 
-    def _serve_one(self, hop: Hop, frames: list[memoryview]) -> None:
+    def _serve_one(self, peer: Peer, frames: list[memoryview]) -> None:
         header = decode_header(frames[0])
         if "arenas" in header:  # the hop's first message
             requests_path, responses_path = header["arenas"]
-            requests_arena = Arena(requests_path, writable=False)
-            self._hop_arenas[hop] = (requests_arena, Arena(responses_path, writable=True))
+            peer.arenas = (Arena(requests_path, writable=False), Arena(responses_path, writable=True))
             return
-        requests_arena, responses_arena = self._hop_arenas[hop]
+        assert peer.arenas is not None, "a hop's first message names its arenas"
+        requests_arena, responses_arena = peer.arenas
         for offset in header.get("released", ()):
             responses_arena.free(offset)
         if "requests" not in header:
@@ -375,36 +388,38 @@ class InstanceServer(threading.Thread):
             data = frames[1:]
             del frames
             if header.get("decoupled"):
-                replies = self._stream(hop, header, data, requests_arena, responses_arena)
+                replies = self._stream(peer, header, data, requests_arena, responses_arena)
                 try:
                     for reply_header, reply_frames in replies:
-                        self._send(hop, header["id"], reply_header, reply_frames)
+                        self._send(peer, header["id"], reply_header, reply_frames)
                 finally:
                     replies.close()
             else:
-                reply_header, reply_frames = self._reply(header, data, requests_arena, responses_arena)
-                self._send(hop, header["id"], reply_header, reply_frames)
+                reply_header, reply_frames = self._reply(peer, header, data, requests_arena, responses_arena)
+                self._send(peer, header["id"], reply_header, reply_frames)
         except OSError as error:
             LOGGER.info("Model %s instance %d: the proxy went away: %s", self.spec.name, self.instance, error)
-            self._drop(hop)
+            self._drop(peer)
         finally:
             self.in_flight -= 1
             self.requests += len(header["requests"])
             self.busy_seconds += time.perf_counter() - started
 
-    def _send(self, hop: Hop, message_id: int, header: dict[str, Any], frames: list[Any]) -> None:
+    def _send(self, peer: Peer, message_id: int, header: dict[str, Any], frames: list[Any]) -> None:
         header["id"] = message_id
         if "error" in header:
             self.failures += 1
-        count = len(self._released_requests)
+        count = len(peer.released)
         if count:
-            header["released"] = self._released_requests[:count]
-            del self._released_requests[:count]
-        hop.send([encode_header(header), *frames])
+            header["released"] = peer.released[:count]
+            del peer.released[:count]
+        peer.hop.send([encode_header(header), *frames])
 
-    def _decode_requests(self, header: dict[str, Any], data: list[memoryview], arena: Arena) -> list[Request]:
+    def _decode_requests(
+        self, peer: Peer, header: dict[str, Any], data: list[memoryview], arena: Arena
+    ) -> list[Request]:
         requests = []
-        release = self._released_requests.append
+        release = peer.released.append
         for entry in header["requests"]:
             inputs = {}
             for descriptor in entry["inputs"]:
@@ -421,11 +436,16 @@ class InstanceServer(threading.Thread):
         return [entry["inputs"][0][2][0] if entry["inputs"] else None for entry in header["requests"]]
 
     def _reply(
-        self, header: dict[str, Any], data: list[memoryview], requests_arena: Arena, responses_arena: Arena
+        self,
+        peer: Peer,
+        header: dict[str, Any],
+        data: list[memoryview],
+        requests_arena: Arena,
+        responses_arena: Arena,
     ) -> tuple[dict[str, Any], list[Any]]:
         """The one reply of a non-decoupled model. Returning drops every reference to the inputs."""
         try:
-            result = self._call(self._decode_requests(header, data, requests_arena))
+            result = self._call(self._decode_requests(peer, header, data, requests_arena))
             if type(result) not in _PLAIN_RESULTS and _is_generator(result):
                 raise ResponseError(
                     f"Model '{self.spec.name}' callable is a generator; bind it with "
@@ -439,7 +459,7 @@ class InstanceServer(threading.Thread):
 
     def _stream(
         self,
-        hop: Hop,
+        peer: Peer,
         header: dict[str, Any],
         data: list[memoryview],
         requests_arena: Arena,
@@ -450,12 +470,12 @@ class InstanceServer(threading.Thread):
         batch_sizes = self._batch_sizes(header)
         result = None
         try:
-            result = self._call(self._decode_requests(header, data, requests_arena))
+            result = self._call(self._decode_requests(peer, header, data, requests_arena))
             items = _iterate(result) if _is_generator(result) else [result]
             for item in items:
-                yield self._encode_streamed(hop, self._checker.check(item, batch_sizes), responses_arena)
-                self._take_releases(hop, 0)
-                if self._cancelled == header["id"]:
+                yield self._encode_streamed(peer, self._checker.check(item, batch_sizes), responses_arena)
+                self._take_releases(peer, 0)
+                if peer.cancelled == header["id"]:
                     break
         except Exception as error:
             yield self._error_reply(error), []
@@ -465,7 +485,7 @@ class InstanceServer(threading.Thread):
         yield {"final": True}, []
 
     def _encode_streamed(
-        self, hop: Hop, responses: Sequence[dict[str, np.ndarray]], arena: Arena
+        self, peer: Peer, responses: Sequence[dict[str, np.ndarray]], arena: Arena
     ) -> tuple[dict[str, Any], list[Any]]:
         """Encode one streamed item. The proxy releases response blocks while the stream runs: while the
         arena is full of blocks still in flight, wait for those releases instead of failing the stream."""
@@ -476,24 +496,24 @@ class InstanceServer(threading.Thread):
             except ArenaFullError:
                 if not arena.used_bytes or time.monotonic() > deadline or self._stopping.is_set():
                     raise
-                self._take_releases(hop, POLL_INTERVAL_MS)
+                self._take_releases(peer, POLL_INTERVAL_MS)
 
-    def _take_releases(self, hop: Hop, timeout_ms: int) -> None:
+    def _take_releases(self, peer: Peer, timeout_ms: int) -> None:
         """Apply the release and cancel messages waiting on a stream's hop; keep requests for the run
         loop. ConnectionResetError when the proxy went away: the stream has no one left to serve."""
-        while hop.readable(timeout_ms):
+        while peer.hop.readable(timeout_ms):
             timeout_ms = 0
-            frames = hop.receive()
+            frames = peer.hop.receive()
             if frames is None:
                 raise ConnectionResetError(f"the proxy instance of model '{self.spec.name}' went away")
             header = decode_header(frames[0])
             if "requests" in header:
-                self._backlog.append((hop, frames))
+                self._backlog.append((peer, frames))
             else:
-                self._cancelled = header.get("cancel", self._cancelled)
-                responses_arena = self._hop_arenas[hop][1]
+                peer.cancelled = header.get("cancel", peer.cancelled)
+                assert peer.arenas is not None, "a hop's first message names its arenas"
                 for offset in header.get("released", ()):
-                    responses_arena.free(offset)
+                    peer.arenas[1].free(offset)
 
     def _error_reply(self, error: Exception) -> dict[str, Any]:
         LOGGER.warning("Model %s instance %d: %s", self.spec.name, self.instance, error, exc_info=self._debug)
