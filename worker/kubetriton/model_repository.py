@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,8 @@ from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor
 from pytriton.model_config.common import ModelWarmup, WarmupInput
 from pytriton.model_config.tensor import normalize_dtype
+
+from kubetriton.transport import serialize_bytes
 
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 PROXY_MODEL_SOURCE = '''"""Triton's entry point for this model: the kubetriton proxy model.
@@ -205,8 +206,7 @@ def _raw_sample(item: WarmupInput) -> bytes:
     dtype = normalize_dtype(item.dtype)
     if dtype != np.dtype(object):
         return np.ascontiguousarray(data, dtype=dtype).tobytes()
-    values = [value.encode() if isinstance(value, str) else bytes(value) for value in data.ravel()]
-    return b"".join(struct.pack("<I", len(value)) + value for value in values)
+    return serialize_bytes(data)
 
 
 def _escape(value: str) -> str:
