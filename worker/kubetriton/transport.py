@@ -53,7 +53,7 @@ PARAM_INLINE_LIMIT = "kubetriton.inline_limit"
 """config.pbtxt parameters through which the worker tells each proxy instance where to find it."""
 
 _LENGTH = struct.Struct("<I")
-_FRAME_COUNT = struct.Struct("<I")
+"""A 4-byte little-endian count: a BYTES element's length, a hop message's frame count."""
 
 HOP_DATAGRAM_BYTES = 128 * 1024
 """A hop message longer than this travels as several datagrams: one datagram must fit the socket's
@@ -196,9 +196,9 @@ class Hop:
         if not received:
             return None  # every message has a prefix, so an empty read is the end of the connection
         datagram = memoryview(self._datagram)
-        (count,) = _FRAME_COUNT.unpack_from(datagram)
-        lengths = struct.unpack_from(f"<{count}Q", datagram, _FRAME_COUNT.size)
-        position = _FRAME_COUNT.size + 8 * count
+        (count,) = _LENGTH.unpack_from(datagram)
+        lengths = struct.unpack_from(f"<{count}Q", datagram, _LENGTH.size)
+        position = _LENGTH.size + 8 * count
         total = position + sum(lengths)
         if total == received:
             message = memoryview(bytes(datagram[:received]))
