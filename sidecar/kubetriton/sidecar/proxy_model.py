@@ -148,15 +148,12 @@ class TritonPythonModel:
         A hop whose worker went away fails the send, so no system call is spent on checking it first. A
         restarted worker listens anew: the batch is then encoded again, into an arena that the departure
         reset, and sent over a new hop."""
-        try:
-            return self._send_over(self._attached_hop(), requests)
-        except OSError:
-            self._forget_worker()  # its blocks, this request's among them, are free again
-        try:
-            return self._send_over(self._attached_hop(), requests)
-        except OSError:
-            self._forget_worker()
-            raise self._not_attached() from None
+        for _attempt in range(2):
+            try:
+                return self._send_over(self._attached_hop(), requests)
+            except OSError:
+                self._forget_worker()  # its blocks, this request's among them, are free again
+        raise self._not_attached()
 
     def _send_over(self, hop: Hop, requests: list[Any]) -> int:
         """Encode the batch and send it over `hop`; OSError when its worker went away."""
