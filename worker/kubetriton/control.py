@@ -22,9 +22,8 @@ import tritonclient.grpc
 from pytriton.exceptions import PyTritonModelConfigError, PyTritonRuntimeError
 from tritonclient.utils import InferenceServerException
 
-from kubetriton.podenv import ACCESS_TOKEN_HEADER, REPOSITORY_TOKEN_HEADER
+from kubetriton.podenv import ACCESS_TOKEN_HEADER, GRPC_RESTRICTED_PREFIX, REPOSITORY_TOKEN_HEADER
 
-GRPC_RESTRICTED_PREFIX = "triton-grpc-protocol-"
 LIVENESS_POLL_S = 0.05
 PROBE_TIMEOUT_S = 2.0
 REPOSITORY_TIMEOUT_S = 300.0

@@ -66,6 +66,8 @@ ENV_SHM_DIR = "KUBETRITON_SHM_DIR"
 """Where the shared-memory volume is mounted in both containers (default /dev/shm)."""
 
 REPOSITORY_TOKEN_HEADER = "kubetriton-repository-token"
+GRPC_RESTRICTED_PREFIX = "triton-grpc-protocol-"
+"""Over gRPC, Triton reads a restricted endpoint's header from the metadata of this name prefix."""
 ACCESS_TOKEN_HEADER = "triton-access-token"
 """The header that carries a `TritonSecurityConfig`'s access token (over gRPC, Triton reads it from the
 metadata `triton-grpc-protocol-triton-access-token`)."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kubetriton.podenv import ACCESS_TOKEN_HEADER
+from kubetriton.podenv import ACCESS_TOKEN_HEADER, GRPC_RESTRICTED_PREFIX
 
-GRPC_ACCESS_TOKEN_HEADER = f"triton-grpc-protocol-{ACCESS_TOKEN_HEADER}"
+GRPC_ACCESS_TOKEN_HEADER = GRPC_RESTRICTED_PREFIX + ACCESS_TOKEN_HEADER
 
 
 def create_auth_headers(access_token: str | None, protocol: str) -> dict[str, str]:
