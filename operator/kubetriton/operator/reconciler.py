@@ -102,6 +102,11 @@ def _first(index: kopf.Index[Any, Any] | None, key: Any) -> Any:
     return next(iter(index.get(key, ()))) if index is not None and key in index else None
 
 
+def _stamp(metadata: Mapping[str, Any]) -> tuple[str, int]:
+    """A model's uid and spec generation: what a converge or a parse is done once for."""
+    return metadata.get("uid", ""), metadata.get("generation", 0)
+
+
 def _model_summary(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Key, dict[str, Any]]:
     """What the operator needs of a model: identity, spec and status, without kopf's annotations."""
     metadata = body.metadata
@@ -309,7 +314,7 @@ class Reconciler:
     def _parse(self, state: ModelState, owner: Mapping[str, Any]) -> PyTritonModel | str:
         """The validated model, or why its spec is invalid; parsed once per generation."""
         metadata = owner["metadata"]
-        stamp = (metadata.get("uid", ""), metadata.get("generation", 0))
+        stamp = _stamp(metadata)
         if state.parsed is None or state.parsed[:2] != stamp:
             try:
                 parsed: PyTritonModel | str = PyTritonModel.model_validate(
@@ -361,10 +366,11 @@ class Reconciler:
         (as for every model at start)."""
         logger = self._logger(owner)
         metadata = owner["metadata"]
-        stamp = (metadata.get("uid", ""), metadata.get("generation", 0))
+        stamp = _stamp(metadata)
         model = self._parse(state, owner)
         if isinstance(model, str):
-            logger.warning(f"invalid spec: {model}")
+            if stamp != state.converged:  # said once per generation, not at each child's event
+                logger.warning(f"invalid spec: {model}")
             state.failure = None
             state.cancel_retry()
         else:
@@ -533,7 +539,7 @@ class Reconciler:
                 state.cancel_retry()
             return
         state = self._models.get(key)
-        if state is None or state.converged != (body.metadata.uid, body.metadata.get("generation", 0)):
+        if state is None or state.converged != _stamp(body.metadata):
             await self.converge(key)
 
     async def child_event(
