@@ -21,16 +21,27 @@ CHART_CRD_PATH = CHART_FILES / CRD_PATH.name
 CHART_RULES_PATH = CHART_FILES / "operator-rules.yaml"
 
 
+class _Dumper(yaml.SafeDumper):
+    """Writes a value that several places share (a list of verbs) in full at each, without YAML anchors:
+    manifests are read by people and by tools that treat anchors differently."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
+def _dump(document: object) -> str:
+    return yaml.dump(document, Dumper=_Dumper, sort_keys=False)
+
+
 def generated() -> dict[Path, str]:
     """Each generated file's path below the repository root, and its text."""
-    crd_text = HEADER.format(source="spec") + yaml.safe_dump(
-        crd.custom_resource_definition(), sort_keys=False
-    )
+    crd_text = HEADER.format(source="spec") + _dump(crd.custom_resource_definition())
     return {
         CRD_PATH: crd_text,
-        RBAC_PATH: HEADER.format(source="rbac") + yaml.safe_dump_all(rbac.manifests(), sort_keys=False),
+        RBAC_PATH: HEADER.format(source="rbac")
+        + yaml.dump_all(rbac.manifests(), Dumper=_Dumper, sort_keys=False),
         CHART_CRD_PATH: crd_text,
-        CHART_RULES_PATH: HEADER.format(source="rbac") + yaml.safe_dump(rbac.RULES, sort_keys=False),
+        CHART_RULES_PATH: HEADER.format(source="rbac") + _dump(rbac.RULES),
     }
 
 
