@@ -156,9 +156,7 @@ RULE_CASES = [
         "a mount below the workspace",
         _with(
             spec__volumes=[WEIGHTS],
-            spec__worker=_worker(
-                volumeMounts=[{**WEIGHTS_MOUNT, "mountPath": f"{podenv.WORKSPACE_MOUNT}/m"}]
-            ),
+            spec__worker=_worker(volumeMounts=[BELOW_WORKSPACE]),
         ),
         "spec.worker.volumeMounts[0].mountPath",
         spec.RESERVED_MOUNT_PATH,
