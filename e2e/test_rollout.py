@@ -123,8 +123,8 @@ def test_pods_stop_under_load_without_a_failed_request(
             so_far = _latest(cluster.pod_log(LOAD_POD, namespace))
             print(f"{step}: {len(stopped)} pod(s) stopped; so far {json.dumps(so_far)}")
         time.sleep(3)
-        outcome = _latest(cluster.pod_log(LOAD_POD, namespace))
         load_log = cluster.pod_log(LOAD_POD, namespace)
+        outcome = _latest(load_log)
         assert cluster.pod_phase(LOAD_POD, namespace) == "Running", load_log[-2000:]
     finally:
         cluster.delete_pod(LOAD_POD, namespace)
