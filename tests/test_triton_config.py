@@ -24,8 +24,7 @@ import tritonclient.http as httpclient
 from pytriton.client import ModelClient, PyTritonClientInferenceServerError
 from pytriton.client.auth import create_auth_headers
 from pytriton.exceptions import PyTritonModelConfigError, PyTritonValidationError
-from pytriton.model_config import ModelConfig, Tensor
-from pytriton.model_config.common import ModelWarmup, WarmupInput
+from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import (
     DEFAULT_PROTECTED_ENDPOINTS,
     Triton,
@@ -264,9 +263,9 @@ def test_server_fields_reach_tritonserver(tmp_path):
 
 
 def _bind_unloadable(triton: Triton) -> None:
-    """A model whose warm-up names an input it does not have: Triton refuses to load it."""
-    warmup = ModelWarmup("bad", 1, {"nope": WarmupInput(np.float32, (1,), zero_data=True)}, 1)
-    triton.bind("unloadable", double, X, Y, config=ModelConfig(max_batch_size=4, model_warmup=[warmup]))
+    """A model whose preferred batch size exceeds its maximum: Triton refuses to load it."""
+    batcher = DynamicBatcher(preferred_batch_size=[8])
+    triton.bind("unloadable", double, X, Y, config=ModelConfig(max_batch_size=4, batcher=batcher))
 
 
 def test_without_http_kubetriton_manages_triton_over_grpc(caplog):

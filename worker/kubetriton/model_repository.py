@@ -3,9 +3,7 @@
 The configuration is generated from `ModelConfig` and the declared tensors as PyTriton generates it:
 the Python backend, a dynamic batcher when batching is on (`max_batch_size: 0` when it is off), one CPU
 instance per bound callable, and the parameters that tell each proxy instance how to reach its worker.
-Warm-up requests are Triton's own `model_warmup`: Triton sends them through the proxy to the callable while
-it loads the model, so the model reports ready only once they are answered. Their data files go into the
-model's `warmup/` directory in the raw form Triton reads.
+Warm-up samples are not written as Triton's `model_warmup`: the worker runs them (see `warmup`).
 """
 
 from __future__ import annotations
@@ -13,16 +11,13 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor
-from pytriton.model_config.common import ModelWarmup, WarmupInput
-from pytriton.model_config.tensor import normalize_dtype
 
-from kubetriton.transport import serialize_bytes
+from kubetriton.warmup import WarmupSample
 
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 PROXY_MODEL_SOURCE = '''"""Triton's entry point for this model: the kubetriton proxy model.
@@ -94,8 +89,8 @@ class ModelSpec:
     instances: int
     strict: bool = False
     version: int = 1
-    warmup_files: Mapping[str, bytes] = field(default_factory=dict)
-    """Below the model's `warmup/` directory: the raw data of warm-up inputs given as files."""
+    warmups: tuple[WarmupSample, ...] = ()
+    """The warm-up samples each instance answers before Triton loads the model."""
 
     @property
     def max_batch_size(self) -> int:
@@ -112,7 +107,6 @@ def render_config(spec: ModelSpec, parameters: Mapping[str, str]) -> str:
     if spec.config.response_cache:
         lines.append("response_cache { enable: true }")
     lines.append(f"instance_group [ {{ count: {spec.instances} kind: KIND_CPU }} ]")
-    lines += _render_warmups(spec.config.model_warmup or ())
     lines.append("input [")
     lines.append(",\n".join(_render_tensor(tensor, optional=tensor.optional) for tensor in spec.inputs))
     lines.append("]")
@@ -156,59 +150,6 @@ def _render_queue_policy(policy: QueuePolicy) -> str:
     )
 
 
-def _warmup_file(warmup_index: int, input_index: int) -> str:
-    return f"{warmup_index}.{input_index}"
-
-
-def _render_warmups(warmups: Sequence[ModelWarmup]) -> list[str]:
-    lines = []
-    for warmup_index, warmup in enumerate(warmups):
-        name = _escape(warmup.name)
-        lines.append(f'model_warmup {{ name: "{name}" batch_size: {warmup.batch_size} count: {warmup.count}')
-        for input_index, (input_name, item) in enumerate(warmup.inputs.items()):
-            if item.zero_data:
-                source = "zero_data: true"
-            elif item.random_data:
-                source = "random_data: true"
-            else:
-                source = f'input_data_file: "{_warmup_file(warmup_index, input_index)}"'
-            dims = ", ".join(str(dim) for dim in item.shape)
-            data_type = _TRITON_DTYPES[normalize_dtype(item.dtype)]
-            value = f"data_type: {data_type} dims: [ {dims} ] {source}"
-            lines.append(f'  inputs {{ key: "{_escape(input_name)}" value {{ {value} }} }}')
-        lines.append("}")
-    return lines
-
-
-def warmup_files(warmups: Sequence[ModelWarmup]) -> dict[str, bytes]:
-    """The raw contents of the warm-up inputs that come from `.npy` files, each holding one sample, by the
-    names `config.pbtxt` gives them. Triton repeats a sample `batch_size` times."""
-    files = {}
-    for warmup_index, warmup in enumerate(warmups):
-        for input_index, item in enumerate(warmup.inputs.values()):
-            if not (item.input_data_file and not item.zero_data and not item.random_data):
-                continue
-            files[_warmup_file(warmup_index, input_index)] = _raw_sample(item)
-    return files
-
-
-def _raw_sample(item: WarmupInput) -> bytes:
-    """One sample in Triton's raw form: row-major values, and for strings each one's 4-byte length first."""
-    try:
-        data = np.load(item.input_data_file)
-    except (OSError, ValueError) as error:
-        raise PyTritonBadParameterError(f"Warm-up data file {item.input_data_file}: {error}") from None
-    if data.shape != tuple(item.shape):
-        raise PyTritonBadParameterError(
-            f"Warm-up data file {item.input_data_file} holds shape {data.shape}; "
-            f"it must hold one sample of shape {tuple(item.shape)}"
-        )
-    dtype = normalize_dtype(item.dtype)
-    if dtype != np.dtype(object):
-        return np.ascontiguousarray(data, dtype=dtype).tobytes()
-    return serialize_bytes(data)
-
-
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
@@ -223,8 +164,4 @@ def write_model(repository: Path, spec: ModelSpec, parameters: Mapping[str, str]
     version_dir.mkdir(parents=True)
     (version_dir / "model.py").write_text(PROXY_MODEL_SOURCE.format(runtime=str(runtime)))
     (model_dir / "config.pbtxt").write_text(render_config(spec, parameters))
-    if spec.warmup_files:
-        (model_dir / "warmup").mkdir()
-        for name, content in spec.warmup_files.items():
-            (model_dir / "warmup" / name).write_bytes(content)
     return model_dir

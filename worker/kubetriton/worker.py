@@ -3,7 +3,8 @@
 Each (model, instance) pair gets one thread that listens on its own hop socket (and holds the ZeroMQ
 ROUTER through which proxy instances attach), so a request goes from the socket to the callable and back
 without a hand-off between threads. Callables that release the GIL therefore run in parallel across
-instances. Coroutine callables run on one shared event loop.
+instances. Coroutine callables run on one shared event loop. Before it serves, each thread answers the
+model's warm-up samples (`warmup`), and the model is loaded into Triton only once every thread did.
 
 The runtime also owns what the callable must not see: it decodes inputs into read-only arrays, checks
 that the responses match the declared outputs, maps exceptions to error messages for the client, and
@@ -35,7 +36,7 @@ import numpy as np
 import zmq
 import zmq.utils.monitor
 from pytriton.decorators import TritonContext, use_triton_context
-from pytriton.exceptions import PyTritonUnrecoverableError
+from pytriton.exceptions import PyTritonModelConfigError, PyTritonUnrecoverableError
 from pytriton.proxy.types import Request
 
 from kubetriton.model_repository import ModelSpec
@@ -296,6 +297,9 @@ class InstanceServer(threading.Thread):
         """The attached proxy instances, by their hop's descriptor."""
         self._stopping = threading.Event()
         self._backlog: deque[tuple[Peer, list[memoryview]]] = deque()
+        self.warmed_up = threading.Event()
+        """Set once the warm-up samples are answered, or one failed."""
+        self.warmup_error: Exception | None = None
         self.connections = 0
         self.in_flight = 0
         self.requests = 0
@@ -311,28 +315,12 @@ class InstanceServer(threading.Thread):
         self._stopping.set()
 
     def run(self) -> None:
-        # One poll for the listener, the monitor and every hop, then a blocking receive: the fewest calls
-        # per request. Asking ZeroMQ for the monitor's events costs a system call, so it is asked only
-        # when the monitor's descriptor signals that some may have arrived.
         # The model's context stays active on this thread, which calls only this model's callable: entering
         # it around each call costs several microseconds per request.
-        listener = self._listener.fileno()
-        monitor = self._monitor.get(zmq.FD)
-        self._poller.register(monitor, select.POLLIN)
         try:
             with use_triton_context(self._triton_context):
-                self._track_connections()
-                while not self._stopping.is_set():
-                    if self._backlog:
-                        self._serve_one(*self._backlog.popleft())
-                        continue
-                    for descriptor, _ in self._poller.poll(POLL_INTERVAL_MS):
-                        if descriptor in self._peers:
-                            self._receive_from(self._peers[descriptor])
-                        elif descriptor == listener:
-                            self._accept()
-                        elif descriptor == monitor:
-                            self._track_connections()
+                if self._warm_up():
+                    self._serve()
         finally:
             for peer in list(self._peers.values()):
                 self._drop(peer)
@@ -342,6 +330,49 @@ class InstanceServer(threading.Thread):
             self._presence.disable_monitor()
             self._monitor.close(linger=0)
             self._presence.close(linger=0)
+
+    def _warm_up(self) -> bool:
+        """Answer the model's warm-up samples as clients' requests are answered. False, with the error kept
+        in `warmup_error`, when one fails."""
+        try:
+            for sample in self.spec.warmups:
+                batch_sizes = [1 if self._batching else None] * sample.batch_size
+                for _ in range(sample.count):
+                    result = self._call(sample.requests())
+                    if not self.spec.config.decoupled:
+                        self._checked(result, batch_sizes)
+                        continue
+                    try:
+                        for item in _iterate(result) if _is_generator(result) else [result]:
+                            self._checker.check(item, batch_sizes)
+                    finally:
+                        _close(result)
+        except Exception as error:
+            self.warmup_error = error
+            return False
+        finally:
+            self.warmed_up.set()
+        return True
+
+    def _serve(self) -> None:
+        # One poll for the listener, the monitor and every hop, then a blocking receive: the fewest calls
+        # per request. Asking ZeroMQ for the monitor's events costs a system call, so it is asked only
+        # when the monitor's descriptor signals that some may have arrived.
+        listener = self._listener.fileno()
+        monitor = self._monitor.get(zmq.FD)
+        self._poller.register(monitor, select.POLLIN)
+        self._track_connections()
+        while not self._stopping.is_set():
+            if self._backlog:
+                self._serve_one(*self._backlog.popleft())
+                continue
+            for descriptor, _ in self._poller.poll(POLL_INTERVAL_MS):
+                if descriptor in self._peers:
+                    self._receive_from(self._peers[descriptor])
+                elif descriptor == listener:
+                    self._accept()
+                elif descriptor == monitor:
+                    self._track_connections()
 
     def _track_connections(self) -> None:
         """Count the attach and detach events waiting. ZeroMQ's descriptor signals only new arrivals, so
@@ -446,16 +477,18 @@ class InstanceServer(threading.Thread):
         """The one reply of a non-decoupled model. Returning drops every reference to the inputs."""
         try:
             result = self._call(self._decode_requests(peer, header, data, requests_arena))
-            if type(result) not in _PLAIN_RESULTS and _is_generator(result):
-                raise ResponseError(
-                    f"Model '{self.spec.name}' callable is a generator; bind it with "
-                    "ModelConfig(decoupled=True) to stream responses"
-                )
-            return self._encode_responses(
-                self._checker.check(result, self._batch_sizes(header)), responses_arena
-            )
+            return self._encode_responses(self._checked(result, self._batch_sizes(header)), responses_arena)
         except Exception as error:
             return self._error_reply(error), []
+
+    def _checked(self, result: Any, batch_sizes: Sequence[int | None]) -> list[dict[str, np.ndarray]]:
+        """The responses of a non-decoupled model's callable, checked against the declared outputs."""
+        if type(result) not in _PLAIN_RESULTS and _is_generator(result):
+            raise ResponseError(
+                f"Model '{self.spec.name}' callable is a generator; bind it with "
+                "ModelConfig(decoupled=True) to stream responses"
+            )
+        return self._checker.check(result, batch_sizes)
 
     def _stream(
         self,
@@ -591,14 +624,26 @@ class ModelWorker:
         on_unrecoverable: Callable[[BaseException], None],
     ) -> None:
         self.spec = spec
+        self._debug = debug
         self.instances = [
             InstanceServer(spec, index, func, transport, debug=debug, on_unrecoverable=on_unrecoverable)
             for index, func in enumerate(infer_funcs)
         ]
 
     def start(self) -> None:
+        """Start the instance servers and wait until each answered the model's warm-up samples.
+        PyTritonModelConfigError, with every instance stopped, when a warm-up failed."""
         for instance in self.instances:
             instance.start()
+        for instance in self.instances:
+            instance.warmed_up.wait()
+        for instance in self.instances:
+            if instance.warmup_error is not None:
+                self.stop()
+                raise PyTritonModelConfigError(
+                    f"Model '{self.spec.name}' instance {instance.instance} failed its warm-up: "
+                    f"{format_error(instance.warmup_error, debug=self._debug)}"
+                )
 
     @property
     def attached(self) -> bool:

@@ -29,10 +29,11 @@ from kubetriton import podenv
 from kubetriton.control import TritonControl
 from kubetriton.drain import client_connections, request_sidecar_stop
 from kubetriton.health import HealthServer
-from kubetriton.model_repository import ModelSpec, check_model_name, name_tensors, warmup_files, write_model
+from kubetriton.model_repository import ModelSpec, check_model_name, name_tensors, write_model
 from kubetriton.server import LocalTritonServer, claim, remove_abandoned, remove_owned
 from kubetriton.sidecar.bootstrap import install_runtime
 from kubetriton.triton_home import locate
+from kubetriton.warmup import warmup_samples
 from kubetriton.worker import ModelWorker, TransportSettings
 
 from pytriton.client._protocol import parse_url
@@ -455,7 +456,9 @@ class _Serving:
             instances=len(funcs),
             strict=strict,
             version=model_version,
-            warmup_files=warmup_files(config.model_warmup or ()),
+            warmups=warmup_samples(
+                model_name, named_inputs, config.model_warmup or (), batching=config.batching
+            ),
         )
         with self._lock:
             known = {pending.name for pending, _ in self._pending} | set(self._workers)

@@ -77,8 +77,8 @@ class WarmupInput:
 
 @dataclass
 class ModelWarmup:
-    """Warm-up requests Triton sends to a model while loading it, before the model reports ready: `count`
-    requests of `batch_size` samples each, with `inputs` keyed by the model's input names."""
+    """Warm-up requests each instance's callable answers before Triton loads the model: `count` executions
+    of `batch_size` requests of one sample each, with `inputs` keyed by the model's input names."""
 
     name: str
     batch_size: int

@@ -12,8 +12,8 @@ class ModelConfig:
     """Serving options of one model.
 
     `batching=False` serves the model without a batch axis (`max_batch_size: 0`). `decoupled=True` lets a
-    generator callable stream any number of responses per request. `model_warmup` lists the requests Triton
-    sends the callable while loading the model, before it reports ready.
+    generator callable stream any number of responses per request. `model_warmup` lists the requests each
+    instance's callable answers before Triton loads the model.
     """
 
     batching: bool = True

@@ -1,0 +1,127 @@
+"""Warm-up samples: the requests each instance's callable answers before Triton loads the model.
+
+`ModelConfig(model_warmup=[...])` is run by the worker rather than written into `config.pbtxt` as Triton's
+`model_warmup`. When a warm-up fails, Triton (2.51) tears the failed instance down while the instance's
+backend thread is still finishing with it, and about one such load in ten ends in a segmentation fault
+that leaves the load request hanging. Answered by the worker, a failing warm-up fails `bind()` before
+Triton sees the model.
+
+A sample is built as Triton builds one: `batch_size` requests that each hold one sample (with a batch axis
+of 1 when the model batches), its values zeros, random values or a `.npy` file's sample. Strings are empty
+for zero and random data alike, as in Triton. The data is made, and the files read, once, at bind().
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pytriton.exceptions import PyTritonBadParameterError, PyTritonModelConfigError
+from pytriton.model_config import Tensor
+from pytriton.model_config.common import ModelWarmup, WarmupInput
+from pytriton.model_config.tensor import normalize_dtype
+from pytriton.proxy.types import Request
+
+BYTES = np.dtype(object)
+
+
+@dataclass(frozen=True)
+class WarmupSample:
+    """One `ModelWarmup`, ready to run: `count` executions of `batch_size` requests with `inputs`."""
+
+    name: str
+    batch_size: int
+    count: int
+    inputs: dict[str, np.ndarray]
+    """Read-only arrays shaped as a client's request of one sample."""
+
+    def requests(self) -> list[Request]:
+        return [Request(dict(self.inputs)) for _ in range(self.batch_size)]
+
+
+def warmup_samples(
+    model: str, inputs: Sequence[Tensor], warmups: Sequence[ModelWarmup], *, batching: bool
+) -> tuple[WarmupSample, ...]:
+    """Check `warmups` against the model's inputs and make their data. PyTritonModelConfigError for a
+    warm-up that names an input the model lacks, leaves out a required one, or disagrees with one's dtype
+    or shape; PyTritonBadParameterError for a data file that cannot be read or holds other than one sample.
+    A warm-up of batch size 0 is skipped, as Triton skips it."""
+    declared = {tensor.name: tensor for tensor in inputs}
+    samples = []
+    for warmup in warmups:
+        if warmup.batch_size < 0 or warmup.count < 0:
+            raise PyTritonBadParameterError(
+                f"Model '{model}' warm-up '{warmup.name}': batch_size and count must not be negative"
+            )
+        unknown = sorted(set(warmup.inputs) - set(declared))
+        missing = sorted(
+            name for name, tensor in declared.items() if not tensor.optional and name not in warmup.inputs
+        )
+        if unknown or missing:
+            raise PyTritonModelConfigError(
+                f"Model '{model}' warm-up '{warmup.name}' must give each required input of the model "
+                f"({', '.join(declared)}); unknown: {', '.join(unknown) or 'none'}, "
+                f"missing: {', '.join(missing) or 'none'}"
+            )
+        if warmup.batch_size == 0:
+            continue
+        data = {}
+        for name, item in warmup.inputs.items():
+            _check_matches(model, warmup.name, declared[name], item)
+            array = _sample(item)[np.newaxis] if batching else _sample(item)
+            array.flags.writeable = False
+            data[name] = array
+        samples.append(WarmupSample(warmup.name, warmup.batch_size, warmup.count, data))
+    return tuple(samples)
+
+
+def _check_matches(model: str, warmup: str, tensor: Tensor, item: WarmupInput) -> None:
+    dtype = normalize_dtype(item.dtype)
+    shape = tuple(item.shape)
+    fits = len(shape) == len(tensor.shape) and all(
+        declared in (-1, given) for declared, given in zip(tensor.shape, shape, strict=True)
+    )
+    if dtype != tensor.dtype or not fits:
+        raise PyTritonModelConfigError(
+            f"Model '{model}' warm-up '{warmup}' gives input '{tensor.name}' as {_kind(dtype)} of shape "
+            f"{shape}; the model declares {_kind(tensor.dtype)} of shape {tuple(tensor.shape)}"
+        )
+
+
+def _kind(dtype: np.dtype) -> str:
+    return "bytes" if dtype == BYTES else str(dtype)
+
+
+def _sample(item: WarmupInput) -> np.ndarray:
+    """One sample of `item`, without a batch axis."""
+    dtype = normalize_dtype(item.dtype)
+    shape = tuple(item.shape)
+    if item.zero_data or (item.random_data and dtype == BYTES):
+        return np.full(shape, b"", dtype=BYTES) if dtype == BYTES else np.zeros(shape, dtype)
+    if item.random_data:
+        return _random(dtype, shape)
+    try:
+        data = np.load(item.input_data_file)
+    except (OSError, ValueError) as error:
+        raise PyTritonBadParameterError(f"Warm-up data file {item.input_data_file}: {error}") from None
+    if data.shape != shape:
+        raise PyTritonBadParameterError(
+            f"Warm-up data file {item.input_data_file} holds shape {data.shape}; "
+            f"it must hold one sample of shape {shape}"
+        )
+    if dtype != BYTES:
+        return np.ascontiguousarray(data, dtype=dtype)
+    values = [value.encode() if isinstance(value, str) else bytes(value) for value in data.ravel().tolist()]
+    return np.array(values, dtype=BYTES).reshape(shape)
+
+
+def _random(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Random values: uniform in [0, 1) for floats, any value for integers, either value for bool."""
+    generator = np.random.default_rng()
+    if dtype.kind == "f":
+        return generator.random(shape).astype(dtype)
+    if dtype.kind == "b":
+        return generator.integers(0, 2, shape).astype(bool)
+    limits = np.iinfo(dtype)
+    return generator.integers(limits.min, limits.max, shape, dtype=dtype, endpoint=True)
