@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import select
+import shutil
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +33,36 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
+    """A certificate for localhost and 127.0.0.1, valid for a day, and its key: (server.pem, server.key)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make the test certificates")
+    cert, key = directory / "server.pem", directory / "server.key"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
 
 
 def shm_entries() -> set[str]:

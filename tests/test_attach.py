@@ -21,12 +21,13 @@ import tritonclient.http as httpclient
 from kubetriton import podenv
 from pytriton.client import ModelClient
 from pytriton.client.auth import create_auth_headers
+from pytriton.client.exceptions import PyTritonClientTimeoutError
 from pytriton.exceptions import PyTritonRuntimeError, PyTritonValidationError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.model_config.common import ModelWarmup, WarmupInput
 from pytriton.triton import RemoteTriton, Triton, TritonConfig, TritonLifecyclePolicy, TritonSecurityConfig
 
-from tests.conftest import free_ports
+from tests.conftest import free_ports, self_signed_certificate
 from tests.test_pod import Pod, wait_for
 
 X = [Tensor(name="x", shape=(1,), dtype=np.float32)]
@@ -197,3 +198,31 @@ def test_remote_triton_needs_the_tritons_workspace(sidecar: Pod, tmp_path: Path)
         RemoteTriton(SIDECAR_HTTP, workspace=tmp_path),
     ):
         pass
+
+
+def test_remote_triton_reaches_a_tls_only_grpc_endpoint(tmp_path: Path, monkeypatch):
+    """A sidecar whose gRPC endpoint speaks TLS only, on ports of its own, named by a `grpcs://` URL. Its
+    self-signed certificate is trusted through gRPC's own variable for the root certificates."""
+    cert, key = self_signed_certificate(tmp_path)
+    http, grpc, metrics = free_ports(3)
+    tls = ["--grpc-use-ssl=true", f"--grpc-server-cert={cert}", f"--grpc-server-key={key}"]
+    pod = Pod(tmp_path, [f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}", *tls])
+    monkeypatch.setenv(podenv.ENV_SHM_DIR, str(pod.shm))
+    monkeypatch.setenv("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", str(cert))
+    url = f"grpcs://localhost:{grpc}"
+    try:
+        pod.start_sidecar()
+        wait_for(lambda: _status(f"http://127.0.0.1:{http}/v2/health/live") == 200, 60, "the sidecar")
+        token = (pod.workspace / podenv.ACCESS_TOKEN_FILE).read_text()
+        with RemoteTriton(url, workspace=pod.workspace, access_token=token) as remote:
+            remote.bind("Secure", double, X, Y, config=ModelConfig(max_batch_size=4))
+            with ModelClient(url, "Secure") as client:
+                assert client.infer_sample(np.array([2.5], np.float32))["y"].tolist() == [5.0]
+            with (
+                pytest.raises(PyTritonClientTimeoutError),
+                ModelClient(f"grpc://localhost:{grpc}", "Secure", init_timeout_s=2) as plain,
+            ):
+                plain.infer_sample(np.array([2.5], np.float32))
+    finally:
+        pod.stop()
+        shutil.rmtree(pod.shm, ignore_errors=True)

@@ -25,11 +25,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,9 +110,10 @@ def tritonserver_shim(directory: Path, home: TritonHome) -> Path:
 class Pod:
     """The rendered pod's containers as processes, with mounts mapped to temporary directories."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, triton_args: Sequence[str] = ()) -> None:
         model = yaml.safe_load((REPO / "examples/identity/model.yaml").read_text())
         model["spec"]["drainSeconds"] = DRAIN_SECONDS
+        model["spec"]["triton"] = {"args": list(triton_args)}
         model_file = tmp_path / "model.yaml"
         model_file.write_text(yaml.safe_dump(model))
         rendered = subprocess.run(
@@ -124,9 +126,8 @@ class Pod:
         self.spec = deployment["spec"]["template"]["spec"]
         self.containers = {c["name"]: c for c in self.spec["initContainers"] + self.spec["containers"]}
         self.workspace = tmp_path / "workspace"
-        self.shm = Path(f"/dev/shm/kubetriton-podtest-{os.getpid()}")
+        self.shm = Path(tempfile.mkdtemp(prefix="kubetriton-podtest-", dir="/dev/shm"))
         self.workspace.mkdir()
-        self.shm.mkdir()
         self.script = tmp_path / "serve.py"
         self.script.write_text(WORKER_SCRIPT)
         self.tmp_path = tmp_path

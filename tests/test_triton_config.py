@@ -8,9 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import shutil
 import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -35,7 +33,7 @@ from pytriton.triton import (
 )
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import free_ports
+from tests.conftest import free_ports, self_signed_certificate
 
 PYTRITON_07_FIELDS = [
     "model_repository",
@@ -292,31 +290,7 @@ def test_without_grpc_its_port_is_not_needed():
 
 
 def test_grpc_over_ssl(tmp_path):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make the test certificates")
-    key, cert = tmp_path / "server.key", tmp_path / "server.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    cert, key = self_signed_certificate(tmp_path)
     config, ports = local_config(grpc_use_ssl=True, grpc_server_cert=str(cert), grpc_server_key=str(key))
     with Triton(config=config) as triton:
         triton.bind("double", double, X, Y, config=ModelConfig(max_batch_size=4))

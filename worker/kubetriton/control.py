@@ -27,17 +27,21 @@ from kubetriton.podenv import ACCESS_TOKEN_HEADER, GRPC_RESTRICTED_PREFIX, REPOS
 LIVENESS_POLL_S = 0.05
 PROBE_TIMEOUT_S = 2.0
 REPOSITORY_TIMEOUT_S = 300.0
-"""Loading a model includes its warm-up, which runs the user's callable."""
+"""Loading a model starts a Python-backend stub per instance, which a busy machine can make slow."""
 
 
 class TritonControl:
-    """The management side of one Triton server at `url` (`http://host:port` or `grpc://host:port`)."""
+    """The management side of one Triton server at `url`: `http://`, `https://`, `grpc://` or `grpcs://`
+    with `host:port`. Over TLS the system's certificate authorities are trusted, or those in the file
+    that $SSL_CERT_FILE (HTTPS) or $GRPC_DEFAULT_SSL_ROOTS_FILE_PATH (gRPC) names."""
 
     def __init__(self, url: str, *, repository_token: str = "", access_token: str | None = None) -> None:
         self.url = url
         self.repository_token = repository_token
         self.access_token = access_token
-        self._grpc = url.startswith("grpc://")
+        scheme, self._address = url.split("://", 1)
+        self._grpc = scheme in ("grpc", "grpcs")
+        self._ssl = scheme == "grpcs"
         self._grpc_client: Any = None
 
     def _headers(self) -> dict[str, str]:
@@ -49,7 +53,7 @@ class TritonControl:
 
     def _client(self) -> Any:
         if self._grpc_client is None:
-            self._grpc_client = tritonclient.grpc.InferenceServerClient(self.url.removeprefix("grpc://"))
+            self._grpc_client = tritonclient.grpc.InferenceServerClient(self._address, ssl=self._ssl)
         return self._grpc_client
 
     def close(self) -> None:
