@@ -132,12 +132,21 @@ def test_invalid_warmups_are_refused(server, tmp_path: Path):
         WarmupInput(np.float32, (1,))
     with pytest.raises(PyTritonBadParameterError, match="at least one dimension"):
         WarmupInput(np.float32, (), zero_data=True)
+    with pytest.raises(PyTritonBadParameterError, match=r"shape \(2, -1\): a sample has a fixed shape"):
+        WarmupInput(np.float32, (2, -1), zero_data=True)
     zeros = WarmupInput(np.int32, (4,), zero_data=True)
     text = WarmupInput(bytes, (2,), zero_data=True)
     np.save(tmp_path / "batch.npy", np.zeros((3, 4), np.int32))
     batch = WarmupInput(np.int32, (4,), input_data_file=str(tmp_path / "batch.npy"))
     warmup = ModelWarmup("x", 1, {"tokens": batch, "text": text}, 1)
     with pytest.raises(PyTritonBadParameterError, match=r"holds shape \(3, 4\); it must hold one sample"):
+        server["triton"].bind(
+            "bad_file", Recorder(), TOKENS, SCORE, config=ModelConfig(model_warmup=[warmup])
+        )
+    np.save(tmp_path / "numbers.npy", np.arange(2))
+    numbers = WarmupInput(bytes, (2,), input_data_file=str(tmp_path / "numbers.npy"))
+    warmup = ModelWarmup("x", 1, {"tokens": zeros, "text": numbers}, 1)
+    with pytest.raises(PyTritonBadParameterError, match="holds int64 values; a bytes input needs strings"):
         server["triton"].bind(
             "bad_file", Recorder(), TOKENS, SCORE, config=ModelConfig(model_warmup=[warmup])
         )

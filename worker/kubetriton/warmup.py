@@ -112,7 +112,11 @@ def _sample(item: WarmupInput) -> np.ndarray:
         )
     if dtype != BYTES:
         return np.ascontiguousarray(data, dtype=dtype)
-    values = [value.encode() if isinstance(value, str) else bytes(value) for value in data.ravel().tolist()]
+    if data.dtype.kind not in "SU":
+        raise PyTritonBadParameterError(
+            f"Warm-up data file {item.input_data_file} holds {data.dtype} values; a bytes input needs strings"
+        )
+    values = [value.encode() if isinstance(value, str) else value for value in data.ravel().tolist()]
     return np.array(values, dtype=BYTES).reshape(shape)
 
 

@@ -69,6 +69,10 @@ class WarmupInput:
             )
         if not list(self.shape):
             raise PyTritonBadParameterError("WarmupInput needs a shape with at least one dimension")
+        if not all(isinstance(dim, int) and dim > 0 for dim in self.shape):
+            raise PyTritonBadParameterError(
+                f"WarmupInput shape {tuple(self.shape)}: a sample has a fixed shape, every dimension positive"
+            )
         try:
             normalize_dtype(self.dtype)
         except ValueError as error:
