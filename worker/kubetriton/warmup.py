@@ -23,7 +23,7 @@ from pytriton.model_config.common import ModelWarmup, WarmupInput
 from pytriton.model_config.tensor import normalize_dtype
 from pytriton.proxy.types import Request
 
-BYTES = np.dtype(object)
+from kubetriton.transport import is_bytes_dtype
 
 
 @dataclass(frozen=True)
@@ -90,15 +90,16 @@ def _check_matches(model: str, warmup: str, tensor: Tensor, item: WarmupInput) -
 
 
 def _kind(dtype: np.dtype) -> str:
-    return "bytes" if dtype == BYTES else str(dtype)
+    return "bytes" if is_bytes_dtype(dtype) else str(dtype)
 
 
 def _sample(item: WarmupInput) -> np.ndarray:
     """One sample of `item`, without a batch axis."""
     dtype = normalize_dtype(item.dtype)
     shape = tuple(item.shape)
-    if item.zero_data or (item.random_data and dtype == BYTES):
-        return np.full(shape, b"", dtype=BYTES) if dtype == BYTES else np.zeros(shape, dtype)
+    strings = is_bytes_dtype(dtype)
+    if item.zero_data or (item.random_data and strings):
+        return np.full(shape, b"", dtype=dtype) if strings else np.zeros(shape, dtype)
     if item.random_data:
         return _random(dtype, shape)
     try:
@@ -110,14 +111,14 @@ def _sample(item: WarmupInput) -> np.ndarray:
             f"Warm-up data file {item.input_data_file} holds shape {data.shape}; "
             f"it must hold one sample of shape {shape}"
         )
-    if dtype != BYTES:
+    if not strings:
         return np.ascontiguousarray(data, dtype=dtype)
     if data.dtype.kind not in "SU":
         raise PyTritonBadParameterError(
             f"Warm-up data file {item.input_data_file} holds {data.dtype} values; a bytes input needs strings"
         )
     values = [value.encode() if isinstance(value, str) else value for value in data.ravel().tolist()]
-    return np.array(values, dtype=BYTES).reshape(shape)
+    return np.array(values, dtype=dtype).reshape(shape)
 
 
 def _random(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

@@ -299,7 +299,8 @@ class InstanceServer(threading.Thread):
         self._backlog: deque[tuple[Peer, list[memoryview]]] = deque()
         self.warmed_up = threading.Event()
         """Set once the warm-up samples are answered, or one failed."""
-        self.warmup_error: Exception | None = None
+        self.warmup_error: str | None = None
+        """Why a warm-up sample failed, as a client would read it."""
         self.connections = 0
         self.in_flight = 0
         self.requests = 0
@@ -343,12 +344,12 @@ class InstanceServer(threading.Thread):
                         self._checked(result, batch_sizes)
                         continue
                     try:
-                        for item in _iterate(result) if _is_generator(result) else [result]:
+                        for item in _items(result):
                             self._checker.check(item, batch_sizes)
                     finally:
                         _close(result)
         except Exception as error:
-            self.warmup_error = error
+            self.warmup_error = format_error(error, debug=self._debug)
             return False
         finally:
             self.warmed_up.set()
@@ -504,8 +505,7 @@ class InstanceServer(threading.Thread):
         result = None
         try:
             result = self._call(self._decode_requests(peer, header, data, requests_arena))
-            items = _iterate(result) if _is_generator(result) else [result]
-            for item in items:
+            for item in _items(result):
                 yield self._encode_streamed(peer, self._checker.check(item, batch_sizes), responses_arena)
                 self._take_releases(peer, 0)
                 if peer.cancelled == header["id"]:
@@ -600,15 +600,18 @@ def _close(result: Any) -> None:
         result.close()
 
 
-def _iterate(result: Any) -> Iterator[Any]:
+def _items(result: Any) -> Iterator[Any]:
+    """The items a decoupled model's callable streams: a generator's, or the one result it returned."""
     if inspect.isasyncgen(result):
         while True:
             try:
                 yield _EventLoopThread.next_item(result)
             except StopAsyncIteration:
                 return
-    else:
+    elif inspect.isgenerator(result):
         yield from result
+    else:
+        yield result
 
 
 class ModelWorker:
@@ -624,7 +627,6 @@ class ModelWorker:
         on_unrecoverable: Callable[[BaseException], None],
     ) -> None:
         self.spec = spec
-        self._debug = debug
         self.instances = [
             InstanceServer(spec, index, func, transport, debug=debug, on_unrecoverable=on_unrecoverable)
             for index, func in enumerate(infer_funcs)
@@ -642,7 +644,7 @@ class ModelWorker:
                 self.stop()
                 raise PyTritonModelConfigError(
                     f"Model '{self.spec.name}' instance {instance.instance} failed its warm-up: "
-                    f"{format_error(instance.warmup_error, debug=self._debug)}"
+                    f"{instance.warmup_error}"
                 )
 
     @property

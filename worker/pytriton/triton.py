@@ -640,7 +640,8 @@ class _Serving:
             pause = min(pause * 2, RELOAD_PAUSE_MAX_S) if failed else RELOAD_CHECK_S
 
     def _prepare(self, spec: ModelSpec, funcs: list[Callable[..., Any]]) -> ModelWorker:
-        """Start the model's worker instances and write the model into the repository."""
+        """Start the model's worker instances, which answer its warm-up samples first, and write the model
+        into the repository."""
         assert self._transport is not None
         parameters = self._transport.model_parameters(spec.name, spec.instances)
         worker = ModelWorker(
