@@ -9,11 +9,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import jsonschema
+import kopf
 import pytest
 from conftest import eventually
 from crd_check import admit, load_schema
 from emulator import MODEL_CRD, SERVICE_MONITOR_CRD, ClusterEmulator, OperatorThread
-from kubetriton.operator import children, naming
+from kubetriton.operator import children, naming, reconciler
 from kubetriton.operator.spec import PyTritonModel
 
 pytestmark = pytest.mark.asyncio
@@ -381,6 +382,18 @@ async def test_an_unchanged_model_costs_no_write(
         r for r in writes_since(cluster, seen) if r.resource.plural != "pytritonmodels" or r.subresource
     ]
     assert child_writes == [], "a change outside the spec writes no child and no status"
+
+
+async def test_no_handler_needs_the_essence_the_operator_does_not_keep():
+    """kopf would deep-copy every watched body twice for change-detecting handlers; the operator
+    keeps no such essence, which is only right while it registers none of them."""
+    registry = reconciler.build_operator().registry
+    assert registry._changing.get_all_handlers() == []
+    assert registry._spawning.get_all_handlers() == []
+    assert len(registry._watching.get_all_handlers()) == len(reconciler.WATCH_HANDLERS)
+    storage = reconciler.operator_settings().persistence.diffbase_storage
+    pod = kopf.Body(pending_pod("fixed", "0/1 nodes are available"))
+    assert storage.build(body=pod) == storage.fetch(body=pod) == {}
 
 
 def pod_document(model_name: str, status: dict[str, Any], namespace: str = "default") -> dict[str, Any]:

@@ -225,10 +225,9 @@ def fingerprint(child: dict[str, Any]) -> str:
 
 def stamped(child: dict[str, Any]) -> dict[str, Any]:
     """The child with its fingerprint in an annotation, as it is applied."""
-    result = copy.deepcopy(child)
-    annotations = result["metadata"].setdefault("annotations", {})
-    annotations[FINGERPRINT_ANNOTATION] = fingerprint(child)
-    return result
+    metadata = child["metadata"]
+    annotations = {**metadata.get("annotations", {}), FINGERPRINT_ANNOTATION: fingerprint(child)}
+    return {**child, "metadata": {**metadata, "annotations": annotations}}
 
 
 def unwanted(model: PyTritonModel, *, service_monitor_available: bool) -> list[ChildKind]:
