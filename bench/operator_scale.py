@@ -57,6 +57,26 @@ METADATA_ONLY = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.i
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
 
 
+@dataclass(frozen=True)
+class Write:
+    """A write the operator sent, as the API server answered it."""
+
+    at: float
+    kind: str
+    """Such as "PATCH deployments" or "PATCH pytritonmodels/status"."""
+    name: str
+    """The object's name ("" for a write to a collection)."""
+    status: int
+    took: float
+    observed_generation: bool
+    """Whether the write names an observedGeneration: a model's status once its spec has been acted on."""
+
+    @property
+    def target(self) -> tuple[str, str]:
+        """The object and what of it was written: ("model-0001", "pytritonmodels/status")."""
+        return self.name, self.kind.split()[1]
+
+
 @dataclass
 class Endpoint:
     """Where an API server is and how to talk to it."""
@@ -91,8 +111,7 @@ class CountingProxy:
     def __init__(self, upstream: Endpoint) -> None:
         self.upstream = upstream
         self.counts: collections.Counter[str] = collections.Counter()
-        self.answered: list[tuple[float, str, float]] = []
-        """Each write: when it was answered, what it wrote, and how long the API server took."""
+        self.answered: list[Write] = []
         self._session: aiohttp.ClientSession | None = None
         self._runner: aiohttp.web.AppRunner | None = None
         self.url = ""
@@ -110,6 +129,14 @@ class CountingProxy:
         resource = parts[0] + (f"/{parts[2]}" if len(parts) > 2 else "")
         return f"{request.method} {resource}"
 
+    @staticmethod
+    def name(request: aiohttp.web.Request, kind: str) -> str:
+        """The name of the object a write is sent to."""
+        parts = request.path.strip("/").split("/")
+        if kind.endswith("/status"):
+            parts = parts[:-1]
+        return parts[-1] if parts[-1] != kind.split()[1].split("/")[0] else ""
+
     async def _forward(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         assert self._session is not None
         kind = self.kind(request)
@@ -121,7 +148,9 @@ class CountingProxy:
             request.method, request.rel_url.path_qs, headers=headers, data=body or None
         ) as upstream:
             if kind.split()[0] in WRITES:
-                self.answered.append((time.monotonic(), kind, time.monotonic() - sent))
+                at = time.monotonic()
+                name, observed = self.name(request, kind), b'"observedGeneration"' in body
+                self.answered.append(Write(at, kind, name, upstream.status, at - sent, observed))
             response = aiohttp.web.StreamResponse(status=upstream.status)
             response.content_type = upstream.content_type
             await response.prepare(request)
@@ -338,7 +367,11 @@ class Run:
         self.models_path = f"/apis/kubetriton.dev/v1alpha1/namespaces/{self.namespace}/pytritonmodels"
 
     async def create(self) -> None:
-        """Create every model at once; report the time until all have their children and status."""
+        """Create every model at once; report the time until all have their children and status.
+
+        The times are those of the API server's answers to the operator's last child apply and last
+        status write, as the proxy saw them, so the bench adds no requests of its own while the
+        operator works; once they are in, the children and statuses are checked to exist."""
         models, monitor = self.args.models, self.args.service_monitor_crd
         limit = asyncio.Semaphore(20)
 
@@ -348,6 +381,20 @@ class Run:
                 assert status == 201, answer
 
         wanted = {f"model-{i:04d}": wanted_children(i, monitor) for i in range(models)}
+        child_targets = {(name, kind) for name, kinds in wanted.items() for kind in kinds}
+        status_targets = {(name, "pytritonmodels/status") for name in wanted}
+
+        def written(targets: set[tuple[str, str]]) -> float | None:
+            """When the last of `targets` was first written (a status: with an observedGeneration),
+            None while one has not been."""
+            first: dict[tuple[str, str], float] = {}
+            for write in self.proxy.answered:
+                if write.status < 300 and (write.observed_generation or not write.kind.endswith("/status")):
+                    first.setdefault(write.target, write.at)
+            return max(first[target] for target in targets) if targets <= first.keys() else None
+
+        async def all_written() -> bool:
+            return written(child_targets) is not None and written(status_targets) is not None
 
         async def all_children() -> bool:
             present = {
@@ -366,24 +413,29 @@ class Run:
         started = time.monotonic()
         await asyncio.gather(*(create(index) for index in range(models)))
         report("models created", f"{models} in {time.monotonic() - started:.2f} s")
-        children = await wait_until(all_children, self.args.timeout, "every child")
+        await wait_until(all_written, self.args.timeout, "every child and status written", interval=0.05)
+        children, statuses = written(child_targets), written(status_targets)
+        assert children is not None and statuses is not None
+        assert await all_children(), "a child the operator applied is missing"
+        assert await all_statuses(), "a status the operator wrote is missing"
         report("all children", f"{children - started:.2f} s after the first create")
-        statuses = await wait_until(all_statuses, self.args.timeout, "every status")
         report("all statuses written", f"{statuses - started:.2f} s after the first create")
         pid = self.operator.pid
         report("operator CPU until then", f"{cpu_seconds(pid):.1f} s (start-up included)")
         report("operator peak RSS (VmHWM)", f"{peak_rss_mib(pid):.0f} MiB")
         report("requests per model, creation", per_model(self.proxy.counts - before, models))
-        answered = [(at - started, kind, took) for at, kind, took in self.proxy.answered if at >= started]
+        answered = [write for write in self.proxy.answered if write.at >= started]
         by_kind: dict[str, list[float]] = collections.defaultdict(list)
-        for _, kind, took in answered:
-            by_kind[kind].append(took)
+        for write in answered:
+            by_kind[write.kind].append(write.took)
         latency = ", ".join(
             f"{kind} {1000 * sum(took) / len(took):.0f}/{1000 * max(took):.0f}"
             for kind, took in sorted(by_kind.items())
         )
         report("API answer ms, mean/max", latency)
-        buckets = collections.Counter(int(at // 2) * 2 for at, _, _ in answered if at <= statuses - started)
+        buckets = collections.Counter(
+            int((write.at - started) // 2) * 2 for write in answered if write.at <= max(children, statuses)
+        )
         report(
             "writes answered per 2 s",
             " ".join(f"{second}s:{count}" for second, count in sorted(buckets.items())),
