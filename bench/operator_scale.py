@@ -164,7 +164,8 @@ class CountingProxy:
         self._session = self.upstream.session()
         app = aiohttp.web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_route("*", "/{path:.*}", self._forward)
-        self._runner = aiohttp.web.AppRunner(app, access_log=None)
+        # At the end the operator is gone; what is left is watches relayed to nobody.
+        self._runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=1)
         await self._runner.setup()
         port = free_port()
         await aiohttp.web.TCPSite(self._runner, "127.0.0.1", port).start()
