@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import tritonclient.grpc
+from pytriton.client._protocol import parse_url
 from pytriton.exceptions import PyTritonModelConfigError, PyTritonRuntimeError
 from tritonclient.utils import InferenceServerException
 
@@ -31,17 +32,16 @@ REPOSITORY_TIMEOUT_S = 300.0
 
 
 class TritonControl:
-    """The management side of one Triton server at `url`: `http://`, `https://`, `grpc://` or `grpcs://`
-    with `host:port`. Over TLS the system's certificate authorities are trusted, or those in the file
-    that $SSL_CERT_FILE (HTTPS) or $GRPC_DEFAULT_SSL_ROOTS_FILE_PATH (gRPC) names."""
+    """The management side of one Triton server at `url`, written as clients write it (`parse_url`).
+    Over TLS the system's certificate authorities are trusted, or those in the file that $SSL_CERT_FILE
+    (HTTPS) or $GRPC_DEFAULT_SSL_ROOTS_FILE_PATH (gRPC) names."""
 
     def __init__(self, url: str, *, repository_token: str = "", access_token: str | None = None) -> None:
-        self.url = url
+        self._endpoint = parse_url(url)
+        self.url = self._endpoint.url
         self.repository_token = repository_token
         self.access_token = access_token
-        scheme, self._address = url.split("://", 1)
-        self._grpc = scheme in ("grpc", "grpcs")
-        self._ssl = scheme == "grpcs"
+        self._grpc = self._endpoint.protocol == "grpc"
         self._grpc_client: Any = None
 
     def _headers(self) -> dict[str, str]:
@@ -53,7 +53,9 @@ class TritonControl:
 
     def _client(self) -> Any:
         if self._grpc_client is None:
-            self._grpc_client = tritonclient.grpc.InferenceServerClient(self._address, ssl=self._ssl)
+            self._grpc_client = tritonclient.grpc.InferenceServerClient(
+                self._endpoint.address, ssl=self._endpoint.ssl
+            )
         return self._grpc_client
 
     def close(self) -> None:

@@ -967,15 +967,13 @@ class RemoteTriton(_Serving):
     def __init__(
         self, url: str, workspace: str | Path | None = None, access_token: str | None = None
     ) -> None:
-        endpoint = parse_url(url)
-        scheme = endpoint.protocol + ("s" if endpoint.ssl else "")
+        self._url = parse_url(url).url
         root = Path(workspace or os.environ.get(podenv.ENV_WORKSPACE, podenv.WORKSPACE_MOUNT))
         super().__init__(
             workspace=root,
             lifecycle=DefaultTritonLifecyclePolicy,
             debug=os.environ.get("KUBETRITON_DEBUG") == "1",
         )
-        self._url = f"{scheme}://{endpoint.address}"
         self._access_token = access_token
 
     def _start_triton(self) -> None:
