@@ -20,7 +20,7 @@ import numpy as np
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonModelConfigError
 from pytriton.model_config import Tensor
 from pytriton.model_config.common import ModelWarmup, WarmupInput
-from pytriton.model_config.tensor import normalize_dtype
+from pytriton.model_config.tensor import normalize_dtype, shape_fits
 from pytriton.proxy.types import Request
 
 from kubetriton.transport import is_bytes_dtype
@@ -79,10 +79,7 @@ def warmup_samples(
 def _check_matches(model: str, warmup: str, tensor: Tensor, item: WarmupInput) -> None:
     dtype = normalize_dtype(item.dtype)
     shape = tuple(item.shape)
-    fits = len(shape) == len(tensor.shape) and all(
-        declared in (-1, given) for declared, given in zip(tensor.shape, shape, strict=True)
-    )
-    if dtype != tensor.dtype or not fits:
+    if dtype != tensor.dtype or not shape_fits(shape, tensor.shape):
         raise PyTritonModelConfigError(
             f"Model '{model}' warm-up '{warmup}' gives input '{tensor.name}' as {_kind(dtype)} of shape "
             f"{shape}; the model declares {_kind(tensor.dtype)} of shape {tuple(tensor.shape)}"

@@ -39,6 +39,7 @@ import numpy as np
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
 from pytriton.model_config import ModelConfig, Tensor
+from pytriton.model_config.tensor import shape_fits
 from pytriton.proxy.types import Request
 
 __all__ = [
@@ -640,10 +641,7 @@ def fill_optionals(**defaults: np.ndarray) -> Callable[[Callable[..., Any]], Cal
                     f"@fill_optionals default of '{name}' has dtype {value.dtype}, "
                     f"the input declares {tensor.dtype}"
                 )
-            fits = len(value.shape) == len(tensor.shape) and all(
-                want in (-1, have) for have, want in zip(value.shape, tensor.shape, strict=True)
-            )
-            if not fits:
+            if not shape_fits(value.shape, tensor.shape):
                 raise PyTritonBadParameterError(
                     f"@fill_optionals default of '{name}' has shape {value.shape}, "
                     f"the input declares {tensor.shape}"

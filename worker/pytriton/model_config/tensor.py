@@ -26,6 +26,14 @@ def normalize_dtype(dtype: Any) -> np.dtype:
     return resolved
 
 
+def shape_fits(shape: tuple[int, ...], declared: tuple[int, ...]) -> bool:
+    """Whether an array of per-sample `shape` fits a tensor `declared` with that shape: the same rank, and
+    each dimension equal or declared -1."""
+    if len(shape) != len(declared):
+        return False
+    return all(want in (-1, have) for have, want in zip(shape, declared, strict=True))
+
+
 @dataclass(frozen=True)
 class Tensor:
     """A model input or output. The shape excludes the batch axis; -1 marks a dynamic dimension.
