@@ -117,29 +117,22 @@ class CountingProxy:
         self.url = ""
 
     @staticmethod
-    def kind(request: aiohttp.web.Request) -> str:
-        """GET, WATCH, or a write with what it writes, such as "PATCH deployments"."""
+    def classify(request: aiohttp.web.Request) -> tuple[str, str]:
+        """GET, WATCH, or a write with what it writes, such as "PATCH deployments"; and the name of the
+        object a write is sent to ("" for a collection)."""
         if request.method == "GET":
-            return "WATCH" if request.query.get("watch") in ("true", "1") else "GET"
+            return ("WATCH" if request.query.get("watch") in ("true", "1") else "GET"), ""
         parts = request.path.strip("/").split("/")
         if "namespaces" in parts[:-1] and parts.index("namespaces") + 2 < len(parts):
             parts = parts[parts.index("namespaces") + 2 :]
         else:
             parts = parts[-2:] if len(parts) > 3 else parts[-1:]
         resource = parts[0] + (f"/{parts[2]}" if len(parts) > 2 else "")
-        return f"{request.method} {resource}"
-
-    @staticmethod
-    def name(request: aiohttp.web.Request, kind: str) -> str:
-        """The name of the object a write is sent to."""
-        parts = request.path.strip("/").split("/")
-        if kind.endswith("/status"):
-            parts = parts[:-1]
-        return parts[-1] if parts[-1] != kind.split()[1].split("/")[0] else ""
+        return f"{request.method} {resource}", parts[1] if len(parts) > 1 else ""
 
     async def _forward(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         assert self._session is not None
-        kind = self.kind(request)
+        kind, name = self.classify(request)
         self.counts[kind] += 1
         headers = {key: value for key, value in request.headers.items() if key in ("Content-Type", "Accept")}
         body = await request.read()
@@ -149,7 +142,7 @@ class CountingProxy:
         ) as upstream:
             if kind.split()[0] in WRITES:
                 at = time.monotonic()
-                name, observed = self.name(request, kind), b'"observedGeneration"' in body
+                observed = b'"observedGeneration"' in body
                 self.answered.append(Write(at, kind, name, upstream.status, at - sent, observed))
             response = aiohttp.web.StreamResponse(status=upstream.status)
             response.content_type = upstream.content_type
