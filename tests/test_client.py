@@ -28,7 +28,7 @@ from pytriton.client import (
     PyTritonClientValueError,
     _protocol,
 )
-from pytriton.client._protocol import parse_url
+from pytriton.client._url import parse_url
 from pytriton.client.auth import (
     GRPC_ACCESS_TOKEN_HEADER,
     create_auth_headers,

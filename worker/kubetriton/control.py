@@ -2,26 +2,27 @@
 models, log and trace settings.
 
 One object per Triton, over HTTP, or over gRPC when the server's HTTP endpoint is off (`allow_http=False`)
-or when a remote Triton was given by a gRPC URL. Every request carries two secrets: the repository token
-that opens Triton's model-repository API, which only kubetriton holds, and the access token of the
-user's `TritonSecurityConfig`, which opens the other restricted endpoints (health, logging, trace, ...).
-Over gRPC, Triton reads a restricted key from metadata named `triton-grpc-protocol-<key>`.
+or when a remote Triton was given by a gRPC URL. Only gRPC needs tritonclient, imported on first use: a
+worker in a pod talks HTTP to its sidecar, and its image need not have tritonclient. Every request carries
+two secrets: the repository token that opens Triton's model-repository API, which only kubetriton holds,
+and the access token of the user's `TritonSecurityConfig`, which opens the other restricted endpoints
+(health, logging, trace, ...). Over gRPC, Triton reads a restricted key from metadata named
+`triton-grpc-protocol-<key>`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import tritonclient.grpc
-from pytriton.client._protocol import parse_url
+from pytriton.client._url import parse_url
 from pytriton.exceptions import PyTritonModelConfigError, PyTritonRuntimeError
-from tritonclient.utils import InferenceServerException
 
 from kubetriton.podenv import ACCESS_TOKEN_HEADER, GRPC_RESTRICTED_PREFIX, REPOSITORY_TOKEN_HEADER
 
@@ -29,6 +30,12 @@ LIVENESS_POLL_S = 0.05
 PROBE_TIMEOUT_S = 2.0
 REPOSITORY_TIMEOUT_S = 300.0
 """Loading a model starts a Python-backend stub per instance, which a busy machine can make slow."""
+
+
+def _is_server_error(error: Exception) -> bool:
+    """Whether a gRPC call's error is tritonclient's, which is imported only once gRPC is used."""
+    utils = sys.modules.get("tritonclient.utils")
+    return utils is not None and isinstance(error, utils.InferenceServerException)
 
 
 class TritonControl:
@@ -53,6 +60,8 @@ class TritonControl:
 
     def _client(self) -> Any:
         if self._grpc_client is None:
+            import tritonclient.grpc
+
             self._grpc_client = tritonclient.grpc.InferenceServerClient(
                 self._endpoint.address, ssl=self._endpoint.ssl
             )
@@ -81,8 +90,12 @@ class TritonControl:
                 return bool(grpc_call(self._client()))
             self._http("GET", http_path, None, PROBE_TIMEOUT_S)
             return True
-        except (OSError, InferenceServerException):  # refused, reset, timed out, or an error status
+        except OSError:  # refused, reset or timed out
             return False
+        except Exception as error:
+            if _is_server_error(error):  # an error status over gRPC
+                return False
+            raise
 
     def is_live(self) -> bool:
         return self._ok(
@@ -122,15 +135,17 @@ class TritonControl:
             with contextlib.suppress(ValueError):
                 detail = json.loads(detail).get("error", detail)
             raise PyTritonModelConfigError(f"Triton refused {what}: {detail}") from None
-        except InferenceServerException as error:
+        except OSError as error:  # connection refused or reset, timeout
+            reason = getattr(error, "reason", error)
+            raise PyTritonRuntimeError(f"Triton at {self.url} did not answer {what}: {reason}") from None
+        except Exception as error:
+            if not _is_server_error(error):
+                raise
             if "UNAVAILABLE" in str(error.status() or ""):
                 raise PyTritonRuntimeError(
                     f"Triton at {self.url} did not answer {what}: {error.message()}"
                 ) from None
             raise PyTritonModelConfigError(f"Triton refused {what}: {error.message()}") from None
-        except OSError as error:  # connection refused or reset, timeout
-            reason = getattr(error, "reason", error)
-            raise PyTritonRuntimeError(f"Triton at {self.url} did not answer {what}: {reason}") from None
 
     def load(self, name: str) -> None:
         self._repository("load", name)

@@ -36,7 +36,7 @@ from kubetriton.triton_home import locate
 from kubetriton.warmup import warmup_samples
 from kubetriton.worker import ModelWorker, TransportSettings
 
-from pytriton.client._protocol import parse_url
+from pytriton.client._url import parse_url
 from pytriton.exceptions import (
     PyTritonBadParameterError,
     PyTritonError,

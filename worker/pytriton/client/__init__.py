@@ -1,35 +1,40 @@
-"""PyTriton's client API: query models served by any Triton server with numpy arrays."""
+"""PyTriton's client API: query models served by any Triton server with numpy arrays.
 
-from pytriton.client.asyncio_client import AsyncioDecoupledModelClient, AsyncioModelClient
-from pytriton.client.client import DecoupledModelClient, FuturesModelClient, ModelClient
-from pytriton.client.exceptions import (
-    PyTritonClientClosedError,
-    PyTritonClientError,
-    PyTritonClientInferenceServerError,
-    PyTritonClientInvalidUrlError,
-    PyTritonClientModelDoesntSupportBatchingError,
-    PyTritonClientModelUnavailableError,
-    PyTritonClientQueueFullError,
-    PyTritonClientTimeoutError,
-    PyTritonClientValueError,
-)
-from pytriton.client.triton_model_config import TensorSpec, TritonModelConfig
+The names below are imported on first use, so that the serving side can import the light modules of this
+package (`exceptions`, the URL parser) where tritonclient is not installed, as in a worker pod whose image
+has nothing of kubetriton.
+"""
 
-__all__ = [
-    "AsyncioDecoupledModelClient",
-    "AsyncioModelClient",
-    "DecoupledModelClient",
-    "FuturesModelClient",
-    "ModelClient",
-    "PyTritonClientClosedError",
-    "PyTritonClientError",
-    "PyTritonClientInferenceServerError",
-    "PyTritonClientInvalidUrlError",
-    "PyTritonClientModelDoesntSupportBatchingError",
-    "PyTritonClientModelUnavailableError",
-    "PyTritonClientQueueFullError",
-    "PyTritonClientTimeoutError",
-    "PyTritonClientValueError",
-    "TensorSpec",
-    "TritonModelConfig",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "AsyncioDecoupledModelClient": "asyncio_client",
+    "AsyncioModelClient": "asyncio_client",
+    "DecoupledModelClient": "client",
+    "FuturesModelClient": "client",
+    "ModelClient": "client",
+    "PyTritonClientClosedError": "exceptions",
+    "PyTritonClientError": "exceptions",
+    "PyTritonClientInferenceServerError": "exceptions",
+    "PyTritonClientInvalidUrlError": "exceptions",
+    "PyTritonClientModelDoesntSupportBatchingError": "exceptions",
+    "PyTritonClientModelUnavailableError": "exceptions",
+    "PyTritonClientQueueFullError": "exceptions",
+    "PyTritonClientTimeoutError": "exceptions",
+    "PyTritonClientValueError": "exceptions",
+    "TensorSpec": "triton_model_config",
+    "TritonModelConfig": "triton_model_config",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"pytriton.client.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'pytriton.client' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

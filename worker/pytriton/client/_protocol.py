@@ -13,20 +13,18 @@ import asyncio
 import itertools
 import os
 import socket
-import urllib.parse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import numpy as np
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from pytriton.client._url import Endpoint
 from pytriton.client.auth import create_auth_headers
 from pytriton.client.exceptions import (
     PyTritonClientError,
     PyTritonClientInferenceServerError,
-    PyTritonClientInvalidUrlError,
     PyTritonClientTimeoutError,
     PyTritonClientValueError,
 )
@@ -42,29 +40,7 @@ keep-alive connection between two requests (Triton has no way to), so renewing i
 off a stopping pod: the Service sends each new connection to a pod that is not stopping. gRPC needs no
 such care: the server ends its connections with GOAWAY (see `kubetriton.podenv.GRPC_MAX_CONNECTION_AGE_S`)."""
 
-_DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "https": 443, "grpcs": 443}
 _request_ids = itertools.count(1)
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A parsed server URL: `protocol` is "http" or "grpc"; `address` is what tritonclient takes."""
-
-    protocol: str
-    host: str
-    port: int
-    path: str
-    ssl: bool
-
-    @property
-    def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}{self.path}"
-
-    @property
-    def url(self) -> str:
-        scheme = self.protocol + ("s" if self.ssl else "")
-        return f"{scheme}://{self.address}"
 
 
 class ModelAddress:
@@ -85,47 +61,6 @@ class ModelAddress:
     @property
     def model_version(self) -> str | None:
         return self._model_version
-
-
-def parse_url(url: str) -> Endpoint:
-    """`localhost`, `host:port`, `http://host:port` or `grpc://host:port` (also `https`, `grpcs`).
-
-    Without a scheme, HTTP is used; without a port, 8000 for HTTP and 8001 for gRPC (443 with TLS).
-    """
-    if not isinstance(url, str) or not url.strip() or any(char.isspace() for char in url.strip()):
-        raise PyTritonClientInvalidUrlError(f"Invalid Triton URL {url!r}: expected e.g. 'localhost:8000'")
-    text = url.strip()
-    if "://" not in text:
-        text = "http://" + text
-    parsed = urllib.parse.urlsplit(text)
-    scheme = parsed.scheme.lower()
-    if scheme not in _DEFAULT_PORTS:
-        raise PyTritonClientInvalidUrlError(
-            f"Invalid Triton URL {url!r}: scheme {parsed.scheme!r} (use http, https, grpc, grpcs)"
-        )
-    try:
-        port = parsed.port
-    except ValueError:
-        port = 0
-    if port == 0:
-        raise PyTritonClientInvalidUrlError(f"Invalid Triton URL {url!r}: the port is not in 1-65535")
-    if not parsed.hostname:
-        raise PyTritonClientInvalidUrlError(f"Invalid Triton URL {url!r}: no host")
-    if parsed.query or parsed.fragment or parsed.username or parsed.password:
-        raise PyTritonClientInvalidUrlError(
-            f"Invalid Triton URL {url!r}: credentials, query or fragment given"
-        )
-    path = parsed.path.rstrip("/")
-    protocol = "grpc" if scheme.startswith("grpc") else "http"
-    if path and protocol == "grpc":
-        raise PyTritonClientInvalidUrlError(f"Invalid Triton URL {url!r}: a gRPC URL has no path")
-    return Endpoint(
-        protocol=protocol,
-        host=parsed.hostname,
-        port=port if port is not None else _DEFAULT_PORTS[scheme],
-        path=path,
-        ssl=scheme.endswith("s"),
-    )
 
 
 def new_request_id() -> str:

@@ -20,6 +20,7 @@ import tritonclient.http
 import tritonclient.http.aio
 
 from pytriton.client import _protocol
+from pytriton.client._url import parse_url
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
     PyTritonClientError,
@@ -53,7 +54,7 @@ class AsyncioModelClient(_protocol.ModelAddress):
         ensure_model_is_ready: bool = True,
         access_token: str | None = None,
     ) -> None:
-        self._endpoint = _protocol.parse_url(url)
+        self._endpoint = parse_url(url)
         self._model_name = model_name
         self._model_version = model_version
         self._lazy_init = lazy_init
@@ -328,7 +329,7 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
         ensure_model_is_ready: bool = True,
         access_token: str | None = None,
     ) -> None:
-        if _protocol.parse_url(url).protocol != "grpc":
+        if parse_url(url).protocol != "grpc":
             raise PyTritonClientValueError(
                 f"AsyncioDecoupledModelClient streams over gRPC only; use a grpc:// URL instead of {url!r}"
             )

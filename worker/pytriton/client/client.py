@@ -23,7 +23,7 @@ import tritonclient.grpc
 import tritonclient.http
 
 from pytriton.client import _protocol
-from pytriton.client._protocol import Endpoint
+from pytriton.client._url import Endpoint, parse_url
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
     PyTritonClientError,
@@ -164,7 +164,7 @@ class ModelClient(_protocol.ModelAddress):
         ensure_model_is_ready: bool = True,
         access_token: str | None = None,
     ) -> None:
-        self._endpoint = _protocol.parse_url(url)
+        self._endpoint = parse_url(url)
         self._model_name = model_name
         self._model_version = model_version
         self._init_timeout_s = _protocol.DEFAULT_INIT_TIMEOUT_S if init_timeout_s is None else init_timeout_s
@@ -407,7 +407,7 @@ class DecoupledModelClient(ModelClient):
         ensure_model_is_ready: bool = True,
         access_token: str | None = None,
     ) -> None:
-        if _protocol.parse_url(url).protocol != "grpc":
+        if parse_url(url).protocol != "grpc":
             raise PyTritonClientValueError(
                 f"DecoupledModelClient streams over gRPC only; use a grpc:// URL instead of {url!r}"
             )
@@ -546,7 +546,7 @@ class FuturesModelClient(_protocol.ModelAddress):
     ) -> None:
         if max_workers is not None and max_workers < 1:
             raise PyTritonClientValueError(f"max_workers must be at least 1, not {max_workers}")
-        self._endpoint = _protocol.parse_url(url)
+        self._endpoint = parse_url(url)
         self._model_name = model_name
         self._model_version = model_version
         self._init_timeout_s = init_timeout_s
