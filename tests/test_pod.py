@@ -45,6 +45,7 @@ from pytriton.client import DecoupledModelClient, ModelClient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ServicePort, free_ports
+from tests.user_images import user_image, worker_image_wheels
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,8 +111,15 @@ def tritonserver_shim(directory: Path, home: TritonHome) -> Path:
 class Pod:
     """The rendered pod's containers as processes, with mounts mapped to temporary directories."""
 
-    def __init__(self, tmp_path: Path, triton_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        triton_args: Sequence[str] = (),
+        script: str = WORKER_SCRIPT,
+        models: Sequence[str] = ("Identity",),
+    ) -> None:
         model = yaml.safe_load((REPO / "examples/identity/model.yaml").read_text())
+        model["spec"]["models"] = list(models)
         model["spec"]["drainSeconds"] = DRAIN_SECONDS
         model["spec"]["triton"] = {"args": list(triton_args)}
         model_file = tmp_path / "model.yaml"
@@ -128,14 +136,16 @@ class Pod:
         self.workspace = tmp_path / "workspace"
         self.shm = Path(tempfile.mkdtemp(prefix="kubetriton-podtest-", dir="/dev/shm"))
         self.workspace.mkdir()
-        self.script = tmp_path / "serve.py"
-        self.script.write_text(WORKER_SCRIPT)
+        self.script_dir = tmp_path / "script"
+        self.script_dir.mkdir()
+        self.script = self.script_dir / "serve.py"
+        self.script.write_text(script)
         self.tmp_path = tmp_path
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def mapped(self, value: str) -> str:
         return value.replace(podenv.WORKSPACE_MOUNT, str(self.workspace)).replace(
-            "/app/serve.py", str(self.script)
+            podenv.SCRIPT_MOUNT, str(self.script_dir)
         )
 
     def environment(self, name: str, **extra: str) -> dict[str, str]:
@@ -150,10 +160,12 @@ class Pod:
         container = self.containers[name]
         return [self.mapped(part) for part in container.get("command", []) + container.get("args", [])]
 
-    def start(self, name: str, **extra_env: str) -> subprocess.Popen[bytes]:
+    def start(self, name: str, image_bin: Path | None = None, **extra_env: str) -> subprocess.Popen[bytes]:
+        """Run a container's command; `image_bin` holds the image's programs (python3), this test's
+        environment stands for the kubetriton worker image otherwise."""
         command = self.command(name)
-        if command[0] in ("python", "kubetriton"):
-            command[0] = str(Path(sys.executable).parent / command[0])
+        if command[0] in ("python3", "kubetriton"):
+            command[0] = str((image_bin or Path(sys.executable).parent) / command[0])
         log = (self.tmp_path / f"{name}.log").open("ab")
         process = subprocess.Popen(
             command,
@@ -165,14 +177,15 @@ class Pod:
         self.processes[name] = process
         return process
 
-    def start_sidecar(self) -> subprocess.Popen[bytes]:
+    def start_sidecar(self, wheels: Path | None = None) -> subprocess.Popen[bytes]:
         """Run the bootstrap step for the stub's Python that set-up provisioned (numpy, no pyzmq: as in
-        the stock image), then the Triton sidecar's command with the local Triton as its tritonserver."""
+        the stock image), then the Triton sidecar's command with the local Triton as its tritonserver.
+        `wheels` are the pyzmq wheels of the worker image (the stub's only, by default)."""
         home = locate()
         bootstrap = self.start(
             "bootstrap",
             KUBETRITON_SIDECAR_PYTHON=home.stub_python.version,
-            KUBETRITON_SIDECAR_WHEELS=str(home.stub_python.wheels),
+            KUBETRITON_WHEELS=str(wheels or home.stub_python.wheels),
         )
         assert bootstrap.wait(60) == 0, self.log("bootstrap")
         image_bin = self.tmp_path / "image-bin"
@@ -465,3 +478,67 @@ def _ready(client: httpclient.InferenceServerClient, model: str) -> bool:
         return client.is_model_ready(model)
     except Exception:  # the server is still starting
         return False
+
+
+USER_IMAGE_SCRIPT = """
+import numpy as np
+
+from pytriton.decorators import batch
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton
+
+from helper import scale
+
+
+@batch
+def numpy_version(x):
+    version = np.array([np.__version__.encode()], dtype=object)
+    return {"y": scale(x), "numpy": np.tile(version, (len(x), 1))}
+
+
+def count(requests):
+    for step in range(3):
+        yield [{"y": request["x"] + step} for request in requests]
+
+
+with Triton() as triton:
+    x, y = Tensor(name="x", dtype=np.float32, shape=(1,)), Tensor(name="y", dtype=np.float32, shape=(1,))
+    triton.bind("Version", numpy_version, [x], [y, Tensor(name="numpy", dtype=bytes, shape=(1,))],
+                config=ModelConfig(max_batch_size=8))
+    triton.bind("Count", count, [x], [y], config=ModelConfig(batching=False, decoupled=True))
+    triton.serve()
+"""
+
+
+@pytest.mark.parametrize(("version", "numpy"), [("3.10", "numpy<2"), ("3.13", "numpy>=2")])
+def test_script_from_a_config_map_serves_from_an_image_with_only_python_and_numpy(version, numpy, tmp_path):
+    """The worker image is a Python with NumPy and nothing else: the init step provides kubetriton and the
+    launcher runs the script (and its sibling module) from the ConfigMap's mount."""
+    image_bin = user_image(version, numpy)
+    user_numpy = subprocess.run(
+        [str(image_bin / "python3"), "-c", "import numpy; print(numpy.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    pod = Pod(tmp_path, script=USER_IMAGE_SCRIPT, models=("Version", "Count"))
+    (pod.script_dir / "helper.py").write_text("def scale(x):\n    return x * 2\n")
+    try:
+        pod.start_sidecar(worker_image_wheels())
+        worker = pod.start("worker", image_bin, **{podenv.ENV_SHM_DIR: str(pod.shm)})
+        wait_for(lambda: worker.poll() is None and probe("/readyz")[0] == 200, 90, "the worker's readiness")
+        for module, port in ((httpclient, podenv.HTTP_PORT), (grpcclient, podenv.GRPC_PORT)):
+            client = module.InferenceServerClient(f"127.0.0.1:{port}")
+            tensor = module.InferInput("x", [2, 1], "FP32")
+            tensor.set_data_from_numpy(np.array([[1.5], [2.0]], np.float32))
+            result = client.infer("Version", [tensor])
+            assert result.as_numpy("y").tolist() == [[3.0], [4.0]]
+            assert result.as_numpy("numpy").tolist() == [[user_numpy.encode()]] * 2
+            client.close()
+        with DecoupledModelClient(f"grpc://127.0.0.1:{podenv.GRPC_PORT}", "Count") as client:
+            answers = [float(item["y"][0]) for item in client.infer_sample(np.ones(1, np.float32))]
+        assert answers == [1.0, 2.0, 3.0]
+        assert worker.poll() is None, pod.log("worker")
+    finally:
+        pod.stop()
+        shutil.rmtree(pod.shm, ignore_errors=True)

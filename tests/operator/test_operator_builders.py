@@ -187,6 +187,41 @@ def test_bootstrap_runs_before_the_native_sidecar() -> None:
     assert [c["name"] for c in pod_spec["containers"]] == ["worker"]
 
 
+def test_a_script_from_a_config_map_runs_with_the_launcher_in_the_users_image() -> None:
+    worker_spec = {
+        "image": "python:3.13-slim",
+        "script": {"configMap": "esm1-script-0a1b", "entrypoint": "app.py"},
+    }
+    model = model_with(
+        worker=worker_spec, bootstrap={"image": "registry.example.com/kubetriton/worker:0.1.0"}
+    )
+    deployment = children.build_deployment(model)
+    containers = _containers(deployment)
+    assert containers["bootstrap"]["image"] == "registry.example.com/kubetriton/worker:0.1.0"
+    worker = containers["worker"]
+    assert worker["image"] == "python:3.13-slim"
+    launcher = f"{podenv.WORKSPACE_MOUNT}/{podenv.WORKER_RUNTIME_SUBDIR}/{podenv.LAUNCHER}"
+    assert worker["command"] == ["python3", launcher, f"{podenv.SCRIPT_MOUNT}/app.py"]
+    assert {"name": "script", "mountPath": podenv.SCRIPT_MOUNT, "readOnly": True} in worker["volumeMounts"]
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "script", "configMap": {"name": "esm1-script-0a1b"}} in volumes
+    changed = model_with(
+        worker={**worker_spec, "script": {"configMap": "esm1-script-2c3d", "entrypoint": "app.py"}}
+    )
+    assert children.fingerprint(children.build_deployment(changed)) != children.fingerprint(deployment), (
+        "a new script must roll the pods"
+    )
+
+
+def test_a_given_command_wins_over_the_script_and_without_a_bootstrap_image_the_worker_image_runs_it() -> (
+    None
+):
+    worker_spec = {"image": "registry.example.com/esm1:1", "script": {"configMap": "s"}, "command": ["serve"]}
+    containers = _containers(children.build_deployment(model_with(worker=worker_spec)))
+    assert containers["worker"]["command"] == ["serve"]
+    assert containers["bootstrap"]["image"] == "registry.example.com/esm1:1"
+
+
 @pytest.mark.parametrize("image", [podenv.TRITON_IMAGE, "nvcr.io/nvidia/tritonserver:25.01-py3"])
 def test_bootstrap_prepares_the_runtime_for_the_sidecar_image(image: str) -> None:
     containers = _containers(_deployment(triton={"image": image}))

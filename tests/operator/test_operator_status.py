@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kubetriton import podenv
 from kubetriton.operator import status
 from kubetriton.operator.spec import AutoscalingSpec, PyTritonModel
 
@@ -388,3 +389,37 @@ def test_an_apply_without_answer_is_reported_as_retried() -> None:
         "Progressing": ("True", "ApplyRetrying"),
         "Degraded": ("True", "InsufficientGPU"),
     }
+
+
+NO_NUMPY = "The worker image cannot run kubetriton: its Python 3.12 has no NumPy; install numpy in the image"
+NO_PYTHON_START_ERROR = (
+    "failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create "
+    'failed: unable to start container process: exec: "python3": executable file not found in $PATH: unknown'
+)
+
+
+@pytest.mark.parametrize(
+    ("last_exit", "message"),
+    [
+        ({"exitCode": podenv.UNSUPPORTED_IMAGE_EXIT_CODE, "reason": "Error", "message": NO_NUMPY}, NO_NUMPY),
+        (
+            {"exitCode": 128, "reason": "StartError", "message": NO_PYTHON_START_ERROR},
+            "The worker image cannot run kubetriton: it has no python3 on its PATH",
+        ),
+    ],
+    ids=["refused by the launcher", "no python3"],
+)
+def test_an_image_that_cannot_run_kubetriton_is_named_in_one_line(last_exit, message) -> None:
+    pods = [waiting_pod("worker", "CrashLoopBackOff", "back-off 10s restarting failed container", last_exit)]
+    summary = status.summarize(MODEL, deployment(ready=0), pods)
+    by_type = {condition["type"]: condition for condition in summary["conditions"]}
+    assert by_type["Degraded"]["status"] == "True"
+    assert by_type["Ready"]["reason"] == by_type["Degraded"]["reason"] == "WorkerImageUnsupported"
+    assert by_type["Degraded"]["message"].endswith(message)
+    assert "\n" not in by_type["Ready"]["message"]
+
+
+def test_an_ordinary_crash_is_not_blamed_on_the_image() -> None:
+    pods = [waiting_pod("worker", "CrashLoopBackOff", last={"exitCode": 1, "message": "ValueError: bad"})]
+    ready = status.summarize(MODEL, deployment(ready=0), pods)["conditions"][0]
+    assert ready["reason"] == "CrashLoopBackOff" and "ValueError: bad" in ready["message"]

@@ -32,6 +32,20 @@ remove its regions, so the sidecar removes its predecessor's when it starts."""
 RUNTIME_SUBDIR = "runtime"
 """Below the workspace: what `kubetriton bootstrap` (in a pod) or the local server installs for the proxy
 (pyzmq, kubetriton)."""
+WORKER_RUNTIME_SUBDIR = "worker-runtime"
+"""Below the workspace: what `kubetriton bootstrap` provides for a worker image that has Python and NumPy
+and nothing of kubetriton: the launcher, kubetriton's pure-Python packages in `packages/`, and pyzmq for each
+supported Python in `cp3XX/`."""
+LAUNCHER = "launch.py"
+"""In the worker runtime: checks the image, puts the runtime on the import path and runs the user's script."""
+WORKER_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+"""The Python versions a worker image may have."""
+UNSUPPORTED_IMAGE_EXIT_CODE = 78
+"""The launcher's exit status when the worker image cannot run kubetriton (EX_CONFIG); its one-line reason
+is the container's termination message."""
+SCRIPT_VOLUME = "script"
+SCRIPT_MOUNT = "/kubetriton/script"
+"""Where a model's spec.worker.script ConfigMap appears in the worker container."""
 MODELS_SUBDIR = "models"
 SOCKETS_SUBDIR = "sockets"
 SIDECAR_STOP_FIFO = "triton-stop"
@@ -60,6 +74,8 @@ ENV_MODELS = "KUBETRITON_MODELS"
 ENV_DRAIN_SECONDS = "KUBETRITON_DRAIN_SECONDS"
 ENV_ARENA_BYTES = "KUBETRITON_ARENA_BYTES"
 ENV_HEALTH_PORT = "KUBETRITON_HEALTH_PORT"
+ENV_WORKER_IMAGE = "KUBETRITON_WORKER_IMAGE"
+"""Given to the operator: the kubetriton worker image, which runs the pods' init step."""
 ENV_TRITON_IMAGE = "KUBETRITON_TRITON_IMAGE"
 """Given to `kubetriton bootstrap`: the sidecar's image, whose tag decides the sidecar's Python."""
 ENV_SHM_DIR = "KUBETRITON_SHM_DIR"

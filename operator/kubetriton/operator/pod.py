@@ -99,9 +99,12 @@ def triton_command(spec: PyTritonModelSpec) -> list[str]:
 
 
 def _bootstrap_container(spec: PyTritonModelSpec) -> dict[str, Any]:
+    """The init step, from the kubetriton worker image: the proxy's runtime for the sidecar, the worker's for
+    an image without kubetriton, and the tokens."""
+    image = spec.bootstrap.image or spec.worker.image
     container: dict[str, Any] = {
         "name": BOOTSTRAP_CONTAINER,
-        "image": spec.worker.image,
+        "image": image,
         "command": ["kubetriton", "bootstrap"],
         "env": [
             {"name": podenv.ENV_WORKSPACE, "value": podenv.WORKSPACE_MOUNT},
@@ -111,7 +114,7 @@ def _bootstrap_container(spec: PyTritonModelSpec) -> dict[str, Any]:
         "volumeMounts": [_workspace_mount()],
         "securityContext": _restricted_security_context(),
     }
-    if spec.worker.image_pull_policy:
+    if spec.worker.image_pull_policy and image == spec.worker.image:
         container["imagePullPolicy"] = spec.worker.image_pull_policy
     if spec.bootstrap.resources:
         container["resources"] = spec.bootstrap.resources
@@ -172,6 +175,15 @@ def worker_resources(spec: PyTritonModelSpec) -> dict[str, Any]:
     return resources
 
 
+def worker_command(spec: PyTritonModelSpec) -> list[str]:
+    """The worker's entrypoint: the user's, or the launcher running the script from its ConfigMap (with
+    whatever `python3` the image has), or none (the image's own)."""
+    if spec.worker.command or spec.worker.script is None:
+        return spec.worker.command
+    launcher = f"{podenv.WORKSPACE_MOUNT}/{podenv.WORKER_RUNTIME_SUBDIR}/{podenv.LAUNCHER}"
+    return ["python3", launcher, f"{podenv.SCRIPT_MOUNT}/{spec.worker.script.entrypoint}"]
+
+
 def _worker_container(spec: PyTritonModelSpec) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": WORKER_CONTAINER,
@@ -191,10 +203,15 @@ def _worker_container(spec: PyTritonModelSpec) -> dict[str, Any]:
         "volumeMounts": [_workspace_mount(), _shm_mount(), *spec.worker.volume_mounts],
         "securityContext": _restricted_security_context(),
     }
+    if spec.worker.script is not None:
+        container["volumeMounts"].append(
+            {"name": podenv.SCRIPT_VOLUME, "mountPath": podenv.SCRIPT_MOUNT, "readOnly": True}
+        )
     if spec.worker.env_from:
         container["envFrom"] = spec.worker.env_from
-    if spec.worker.command:
-        container["command"] = spec.worker.command
+    command = worker_command(spec)
+    if command:
+        container["command"] = command
     if spec.worker.args:
         container["args"] = spec.worker.args
     if spec.worker.image_pull_policy:
@@ -203,6 +220,12 @@ def _worker_container(spec: PyTritonModelSpec) -> dict[str, Any]:
     if resources:
         container["resources"] = resources
     return container
+
+
+def _script_volume(spec: PyTritonModelSpec) -> list[dict[str, Any]]:
+    if spec.worker.script is None:
+        return []
+    return [{"name": podenv.SCRIPT_VOLUME, "configMap": {"name": spec.worker.script.config_map}}]
 
 
 def termination_grace_seconds(spec: PyTritonModelSpec) -> int:
@@ -222,6 +245,7 @@ def pod_template(model: PyTritonModel) -> dict[str, Any]:
                 "name": podenv.SHM_VOLUME,
                 "emptyDir": {"medium": "Memory", "sizeLimit": spec.shared_memory_limit},
             },
+            *_script_volume(spec),
             *(volume.model_dump() for volume in spec.volumes),
         ],
         "securityContext": {

@@ -63,8 +63,9 @@ KEYED_BY_NAME = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": 
 and server-side apply merges such lists item by item."""
 DEFAULT_STARTUP_SECONDS = 1200
 """How long a worker may take to start serving its health endpoint before Kubernetes restarts it."""
-RESERVED_VOLUMES = (podenv.WORKSPACE_VOLUME, podenv.SHM_VOLUME)
-RESERVED_MOUNT_PATHS = (podenv.WORKSPACE_MOUNT, podenv.SHM_MOUNT)
+RESERVED_VOLUMES = (podenv.WORKSPACE_VOLUME, podenv.SHM_VOLUME, podenv.SCRIPT_VOLUME)
+RESERVED_MOUNT_PATHS = (podenv.WORKSPACE_MOUNT, podenv.SHM_MOUNT, podenv.SCRIPT_MOUNT)
+CONFIG_MAP_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 RESERVED_POD_LABELS = tuple(naming.labels("model"))
 """Label keys the operator sets on the pods: the Deployment's selector and the operator's own mark."""
 RESERVED_WORKER_ENV = (
@@ -274,13 +275,31 @@ class LocalObjectReference(TypedDict):
     """Its name."""
 
 
+class ScriptSpec(_Model):
+    """The user's script, from a ConfigMap: one file, or a small folder's files, one key each."""
+
+    config_map: Annotated[str, Field(min_length=1, max_length=NAME_MAX_LENGTH)]
+    """The ConfigMap in the model's namespace. Its keys appear as files in /kubetriton/script. Pods read
+    it when they start: give a changed script a new ConfigMap name (as `kubetriton deploy` does) to roll
+    them."""
+    entrypoint: Annotated[
+        str, Field(min_length=1, max_length=NAME_MAX_LENGTH, pattern=CONFIG_MAP_KEY_PATTERN)
+    ] = "serve.py"
+    """The key of the file to run, with the other files beside it (importable as modules)."""
+
+
 class WorkerSpec(_Model):
     """The user's container: it imports pytriton, binds the callables and attaches to the sidecar."""
 
     image: Annotated[str, Field(min_length=1)]
-    """Worker image: the user's script and model code on top of the kubetriton worker base image."""
+    """Worker image: any glibc-based image with CPython 3.10 to 3.13 and NumPy (the pod's init step
+    provides kubetriton when the image has none), or one built from the kubetriton worker image."""
+    script: ScriptSpec | None = None
+    """The script to run when `command` is empty, from a ConfigMap, with kubetriton's launcher, which
+    checks the image and provides kubetriton when the image lacks it."""
     command: list[str] = []
-    """The container's entrypoint, e.g. ["python", "/app/serve.py"]; the image's when empty."""
+    """The container's entrypoint, e.g. ["python", "/app/serve.py"]; the launcher running `script` when
+    that is given, else the image's, when empty. Without `script`, the image must have kubetriton."""
     args: list[str] = []
     """Arguments to the entrypoint; the image's when both this and command are empty."""
     env: Annotated[
@@ -325,8 +344,11 @@ class TritonSpec(_Model):
 
 
 class BootstrapSpec(_Model):
-    """The init step that prepares the workspace for the Triton sidecar (it runs the worker image)."""
+    """The init step that prepares the workspace for the Triton sidecar and the worker."""
 
+    image: Annotated[str | None, Field(min_length=1)] = None
+    """The kubetriton worker image that runs it; the operator's (the chart's workerImage) when unset, or
+    the worker's own image when the operator has none."""
     resources: ResourceRequirements = {}
     """Requests and limits of the bootstrap container (namespaces with a LimitRange or quota need them)."""
 

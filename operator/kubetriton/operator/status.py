@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kubetriton import podenv
 from kubetriton.operator import naming
 from kubetriton.operator.pod import WORKER_CONTAINER
 from kubetriton.operator.spec import PyTritonModel
@@ -23,6 +24,9 @@ DEGRADED = "Degraded"
 INSUFFICIENT_GPU = "InsufficientGPU"
 UNSCHEDULABLE = "Unschedulable"
 CRASH_LOOP = "CrashLoopBackOff"
+WORKER_IMAGE_UNSUPPORTED = "WorkerImageUnsupported"
+NO_PYTHON = '"python3": executable file not found'
+"""What the container runtime says when the launcher's `python3` is not in the worker image."""
 MODEL_LOAD_FAILED = "ModelLoadFailed"
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
@@ -34,6 +38,7 @@ _SEVERITY = (
     INSUFFICIENT_GPU,
     UNSCHEDULABLE,
     *IMAGE_PULL_REASONS,
+    WORKER_IMAGE_UNSUPPORTED,
     CRASH_LOOP,
     MODEL_LOAD_FAILED,
     "ReplicaFailure",
@@ -73,6 +78,24 @@ def _scheduling_problem(pod: Mapping[str, Any], gpu_resource: str) -> Diagnosis 
     return None
 
 
+def _unsupported_image(container: Mapping[str, Any]) -> Diagnosis | None:
+    """The launcher's refusal of the worker image (its exit status and one line), or an image without the
+    `python3` that runs the launcher."""
+    if container.get("name") != WORKER_CONTAINER:
+        return None
+    for state in (container.get("state") or {}, container.get("lastState") or {}):
+        exit_ = state.get("terminated") or {}
+        message = exit_.get("message", "").strip()
+        if exit_.get("exitCode") == podenv.UNSUPPORTED_IMAGE_EXIT_CODE and message:
+            return Diagnosis(WORKER_IMAGE_UNSUPPORTED, message.splitlines()[-1])
+        if NO_PYTHON in message:
+            return Diagnosis(
+                WORKER_IMAGE_UNSUPPORTED,
+                "The worker image cannot run kubetriton: it has no python3 on its PATH",
+            )
+    return None
+
+
 def _container_problem(container: Mapping[str, Any]) -> Diagnosis | None:
     name = container.get("name", "")
     waiting = (container.get("state") or {}).get("waiting") or {}
@@ -80,6 +103,9 @@ def _container_problem(container: Mapping[str, Any]) -> Diagnosis | None:
     reason = waiting.get("reason")
     if reason in IMAGE_PULL_REASONS:
         return Diagnosis(reason, f"container {name}: {waiting.get('message', reason)}")
+    unsupported = _unsupported_image(container)
+    if unsupported:
+        return unsupported
     if reason == CRASH_LOOP:
         detail = last_exit.get("message") or last_exit.get("reason") or waiting.get("message", "")
         return Diagnosis(CRASH_LOOP, f"container {name} keeps exiting: {detail}".rstrip(": "))

@@ -1,0 +1,116 @@
+"""The worker runtime that `kubetriton bootstrap` provides, run by real interpreters of each supported
+Python that have NumPy and nothing of kubetriton, as users' own images have."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kubetriton import launch, podenv
+
+from tests.user_images import user_image, worker_image_wheels
+
+REPO = Path(__file__).resolve().parents[1]
+
+PROBE_SCRIPT = """
+import json, sys
+
+import numpy
+import zmq
+import kubetriton, pytriton.triton
+from pytriton.decorators import batch
+
+import helper
+
+print(json.dumps({
+    "argv": sys.argv,
+    "numpy": [numpy.__version__, numpy.__file__],
+    "zmq": zmq.__file__,
+    "kubetriton": kubetriton.__file__,
+    "helper": helper.ANSWER,
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    workspace = tmp_path_factory.mktemp("workspace")
+    subprocess.run(
+        [sys.executable, "-m", "kubetriton.cli", "bootstrap", "--workspace", str(workspace)],
+        env={"KUBETRITON_WHEELS": str(worker_image_wheels()), "PATH": "/usr/bin:/bin"},
+        check=True,
+        capture_output=True,
+    )
+    return workspace
+
+
+@pytest.fixture
+def script(tmp_path) -> Path:
+    (tmp_path / "helper.py").write_text("ANSWER = 42\n")
+    entrypoint = tmp_path / "serve.py"
+    entrypoint.write_text(PROBE_SCRIPT)
+    return entrypoint
+
+
+def launch_script(python: Path, workspace: Path, script: Path) -> subprocess.CompletedProcess[str]:
+    launcher = workspace / podenv.WORKER_RUNTIME_SUBDIR / podenv.LAUNCHER
+    return subprocess.run(
+        [str(python), str(launcher), str(script), "--flag"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": f"{python.parent}:/usr/bin:/bin"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "numpy"),
+    [("3.10", "numpy<2"), ("3.11", "numpy<2"), ("3.12", "numpy>=2"), ("3.13", "numpy>=2")],
+)
+def test_an_image_with_only_python_and_numpy_runs_the_script(version, numpy, workspace, script):
+    python = user_image(version, numpy) / "python3"
+    result = launch_script(python, workspace, script)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    runtime = workspace / podenv.WORKER_RUNTIME_SUBDIR
+    assert seen["argv"] == [str(script), "--flag"]
+    assert seen["helper"] == 42, "the script's folder must be importable, as with `python3 SCRIPT`"
+    assert Path(seen["numpy"][1]).is_relative_to(python.parent.parent), "the image's NumPy must be used"
+    assert int(seen["numpy"][0].split(".")[0]) == (1 if numpy == "numpy<2" else 2)
+    assert Path(seen["zmq"]).is_relative_to(runtime / f"cp{version.replace('.', '')}")
+    assert Path(seen["kubetriton"]).is_relative_to(runtime / "packages")
+
+
+def test_an_image_with_kubetriton_keeps_its_own(workspace, script):
+    result = launch_script(Path(sys.executable), workspace, script)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert Path(seen["kubetriton"]).is_relative_to(REPO), seen["kubetriton"]
+    assert not Path(seen["zmq"]).is_relative_to(workspace), "the image's own pyzmq must win"
+
+
+@pytest.mark.parametrize(
+    ("version", "numpy", "reason"),
+    [
+        ("3.9", None, "its python3 is CPython 3.9."),
+        ("3.12", None, "its Python 3.12 has no NumPy; install numpy in the image"),
+    ],
+)
+def test_an_image_that_cannot_work_is_refused_in_one_line(version, numpy, reason, workspace, script):
+    result = launch_script(user_image(version, numpy) / "python3", workspace, script)
+    assert result.returncode == podenv.UNSUPPORTED_IMAGE_EXIT_CODE
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith("The worker image cannot run kubetriton: ") and reason in lines[0]
+    assert result.stdout == ""
+
+
+def test_the_launcher_and_the_pod_contract_agree_on_the_exit_status():
+    assert launch.UNSUPPORTED_IMAGE_EXIT_CODE == podenv.UNSUPPORTED_IMAGE_EXIT_CODE
+    assert [f"{major}.{minor}" for major, minor in launch.SUPPORTED] == [
+        podenv.WORKER_PYTHONS[0],
+        podenv.WORKER_PYTHONS[-1],
+    ]

@@ -1,0 +1,77 @@
+"""The worker container's entrypoint for a script from a ConfigMap, in any image with Python and NumPy.
+
+`kubetriton bootstrap` copies this file into the workspace beside kubetriton's pure-Python packages and a
+pyzmq for each supported Python. The worker container runs it with the image's own `python3`. It refuses
+an image that cannot work with a one-line reason (the container's termination message, which the operator
+turns into a status condition), then makes kubetriton importable and runs the script as `__main__`.
+
+The provided packages go at the end of the import path, after the image's site-packages: what the image
+has wins. An image that has kubetriton keeps its own copy, and the user's NumPy, pyzmq and protobuf stay
+the ones the model was built with. Only what the image lacks comes from the workspace.
+
+This file runs before anything is known about the interpreter, so it is written for any Python 3: no
+annotations and nothing newer than the oldest interpreter it must be able to refuse.
+"""
+
+import importlib.util
+import os
+import platform
+import runpy
+import sys
+
+SUPPORTED = ((3, 10), (3, 13))
+UNSUPPORTED_IMAGE_EXIT_CODE = 78
+"""kubetriton.podenv.UNSUPPORTED_IMAGE_EXIT_CODE; this file imports nothing of kubetriton."""
+TERMINATION_LOG = "/dev/termination-log"
+
+
+def refuse(reason):
+    line = "The worker image cannot run kubetriton: " + reason
+    sys.stderr.write(line + "\n")
+    try:
+        with open(TERMINATION_LOG, "w") as log:
+            log.write(line)
+    except OSError:  # not in a container
+        pass
+    sys.exit(UNSUPPORTED_IMAGE_EXIT_CODE)
+
+
+def check_image():
+    """Refuse an interpreter or an image that kubetriton cannot run in."""
+    version = "%d.%d" % sys.version_info[:2]
+    low, high = ("%d.%d" % bound for bound in SUPPORTED)
+    if sys.implementation.name != "cpython" or not SUPPORTED[0] <= sys.version_info[:2] <= SUPPORTED[1]:
+        refuse(
+            "its python3 is %s %s; kubetriton needs CPython %s to %s"
+            % (platform.python_implementation(), platform.python_version(), low, high)
+        )
+    if platform.libc_ver()[0] != "glibc":
+        refuse("its C library is not glibc (musl-based images such as Alpine are not supported)")
+    if importlib.util.find_spec("numpy") is None:
+        refuse("its Python %s has no NumPy; install numpy in the image" % version)
+
+
+def provide_runtime(runtime):
+    """Append the workspace's packages to the import path, after everything the image has, unless the
+    image has kubetriton (and with it everything kubetriton needs)."""
+    if importlib.util.find_spec("kubetriton") is not None:
+        return
+    tag = "cp%d%d" % sys.version_info[:2]
+    sys.path.extend([os.path.join(runtime, "packages"), os.path.join(runtime, tag)])
+    if importlib.util.find_spec("zmq") is None:
+        refuse("the init step provided no pyzmq for Python %d.%d and the image has none" % sys.version_info[:2])
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit("usage: python3 launch.py SCRIPT [ARGUMENT...]")
+    check_image()
+    provide_runtime(os.path.dirname(os.path.abspath(__file__)))
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python3 SCRIPT` would have it
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
