@@ -9,8 +9,8 @@ The provided packages go at the end of the import path, after the image's site-p
 has wins. An image that has kubetriton keeps its own copy, and the user's NumPy, pyzmq and protobuf stay
 the ones the model was built with. Only what the image lacks comes from the workspace.
 
-This file runs before anything is known about the interpreter, so it is written for any Python 3: no
-annotations and nothing newer than the oldest interpreter it must be able to refuse.
+This file runs before anything is known about the interpreter, so it is written for any Python 3 that
+still runs in images (3.6 on): no annotations, nothing newer than the oldest interpreter it must refuse.
 """
 
 import importlib.util
@@ -38,17 +38,15 @@ def refuse(reason):
 
 def check_image():
     """Refuse an interpreter or an image that kubetriton cannot run in."""
-    version = "%d.%d" % sys.version_info[:2]
-    low, high = ("%d.%d" % bound for bound in SUPPORTED)
+    version = "{}.{}".format(*sys.version_info[:2])
+    low, high = ("{}.{}".format(*bound) for bound in SUPPORTED)
     if sys.implementation.name != "cpython" or not SUPPORTED[0] <= sys.version_info[:2] <= SUPPORTED[1]:
-        refuse(
-            "its python3 is %s %s; kubetriton needs CPython %s to %s"
-            % (platform.python_implementation(), platform.python_version(), low, high)
-        )
+        found = f"{platform.python_implementation()} {platform.python_version()}"
+        refuse(f"its python3 is {found}; kubetriton needs CPython {low} to {high}")
     if platform.libc_ver()[0] != "glibc":
         refuse("its C library is not glibc (musl-based images such as Alpine are not supported)")
     if importlib.util.find_spec("numpy") is None:
-        refuse("its Python %s has no NumPy; install numpy in the image" % version)
+        refuse(f"its Python {version} has no NumPy; install numpy in the image")
 
 
 def provide_runtime(runtime):
@@ -56,10 +54,10 @@ def provide_runtime(runtime):
     image has kubetriton (and with it everything kubetriton needs)."""
     if importlib.util.find_spec("kubetriton") is not None:
         return
-    tag = "cp%d%d" % sys.version_info[:2]
-    sys.path.extend([os.path.join(runtime, "packages"), os.path.join(runtime, tag)])
+    major, minor = sys.version_info[:2]
+    sys.path.extend([os.path.join(runtime, "packages"), os.path.join(runtime, f"cp{major}{minor}")])
     if importlib.util.find_spec("zmq") is None:
-        refuse("the init step provided no pyzmq for Python %d.%d and the image has none" % sys.version_info[:2])
+        refuse(f"the init step provided no pyzmq for Python {major}.{minor} and the image has none")
 
 
 def main():

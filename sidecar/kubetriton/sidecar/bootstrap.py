@@ -36,7 +36,7 @@ from kubetriton import podenv
 SIDECAR_PYTHON = {"24": "3.10", "25": "3.12"}
 """Python of the stock Triton images by release year: 24.xx images are Ubuntu 22.04, 25.xx are 24.04."""
 DEFAULT_WHEELS = Path("/opt/kubetriton/wheels")
-"""pyzmq wheels in the worker image, one for each Python of podenv.WORKER_PYTHONS (the sidecar's among them)."""
+"""pyzmq wheels in the worker image, for each Python of podenv.WORKER_PYTHONS (the sidecar's among them)."""
 ENV_SIDECAR_PYTHON = "KUBETRITON_SIDECAR_PYTHON"
 """Overrides the Python version derived from the image, for a sidecar that is not a stock image."""
 ENV_WHEELS = "KUBETRITON_WHEELS"
@@ -133,9 +133,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--triton-image", default=os.environ.get(podenv.ENV_TRITON_IMAGE, podenv.TRITON_IMAGE)
     )
-    parser.add_argument(
-        "--wheels", type=Path, default=Path(os.environ.get(ENV_WHEELS, DEFAULT_WHEELS))
-    )
+    parser.add_argument("--wheels", type=Path, default=Path(os.environ.get(ENV_WHEELS, DEFAULT_WHEELS)))
 
 
 def run(args: argparse.Namespace) -> int:
