@@ -56,7 +56,7 @@ def cluster() -> Cluster:
 def _helm_values(settings: Settings) -> dict[str, Any]:
     return {
         "image": {**split_image(settings.operator_image), "pullPolicy": "IfNotPresent"},
-        "test": {"workerImage": split_image(settings.worker_image)},
+        "workerImage": split_image(settings.worker_image),
     }
 
 

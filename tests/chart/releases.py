@@ -35,7 +35,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
         "watchNamespaces": ["models"],
-        "test": {"workerImage": {"repository": "registry.internal/ml/worker", "tag": "0.2.0"}},
+        "workerImage": {"repository": "registry.internal/ml/worker", "tag": "0.2.0"},
     },
     "crd-not-kept": {"crds": {"keep": False}, "test": {"enabled": False}},
 }

@@ -100,6 +100,9 @@ def test_one_restricted_non_root_replica_replaced_not_rolled(name: str) -> None:
 def test_image_defaults_to_the_charts_app_version() -> None:
     _, container = _operator("defaults")
     assert container["image"] == "registry.example.com/kubetriton/operator:0.1.0"
+    assert container["env"] == [
+        {"name": "KUBETRITON_WORKER_IMAGE", "value": "registry.example.com/kubetriton/worker:0.1.0"}
+    ]
     assert "--verbose" not in container["args"]
 
 
@@ -110,6 +113,7 @@ def test_customized_values_reach_the_pod() -> None:
     assert deployment["metadata"]["name"] == "triton-operator"
     assert container["image"] == "registry.internal/ml/kubetriton-operator:0.2.0"
     assert container["imagePullPolicy"] == "Always"
+    assert {"name": "KUBETRITON_WORKER_IMAGE", "value": "registry.internal/ml/worker:0.2.0"} in container["env"]
     assert "--verbose" in container["args"]
     assert container["resources"] == values["resources"]
     assert pod["serviceAccountName"] == "triton-operator-sa"
