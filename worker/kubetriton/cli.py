@@ -14,6 +14,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "install-triton": ("kubetriton.triton_home", "install the local tritonserver used by local mode"),
     "render": ("kubetriton.operator.render", "print the objects the operator creates for a model.yaml"),
     "operator": ("kubetriton.operator.main", "run the PyTritonModel operator"),
+    "deploy": ("kubetriton.operator.deploy", "serve a PyTriton script on a cluster, in the image you name"),
+    "delete": ("kubetriton.operator.delete", "delete a model and what was made for it"),
+    "status": ("kubetriton.operator.report", "show how models are doing, or one model in detail"),
     "bootstrap": ("kubetriton.sidecar.bootstrap", "prepare the shared volume for the Triton sidecar"),
 }
 

@@ -1,0 +1,165 @@
+"""`kubetriton status [NAME]`: how models are doing, in the words of their Ready condition.
+
+Without a name, one line per model, with the columns of `kubectl get ptm` and the Ready
+condition's reason and message, which say what a model waits for or what keeps it from serving.
+With a name, the one model in detail: what it runs, its conditions, addresses and pods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from kubetriton.operator import connection, rollout, status
+from kubetriton.operator.connection import Cluster, age
+from kubetriton.operator.spec import GROUP, PLURAL, VERSION
+
+COLUMN_GAP = "   "
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "name", nargs="?", default=None, help="one model to show in detail (default: every model)"
+    )
+    connection.add_arguments(parser)
+    parser.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="list the models of every namespace"
+    )
+
+
+def table(rows: list[list[str]], indent: str = "") -> str:
+    """Rows in columns as wide as their widest cell, as kubectl prints them."""
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    lines = [
+        COLUMN_GAP.join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    return "\n".join(indent + line for line in lines)
+
+
+def model_row(model: Mapping[str, Any], with_namespace: bool) -> list[str]:
+    spec, found = model.get("spec") or {}, model.get("status") or {}
+    ready = rollout.condition(model, status.READY)
+    row = [
+        model["metadata"]["name"],
+        ready.get("status", ""),
+        str(found.get("replicas", 0)),
+        str(found.get("readyReplicas", 0)),
+        ",".join(spec.get("models") or []),
+        str((spec.get("gpus") or {}).get("count", 0)),
+        age(model["metadata"].get("creationTimestamp")),
+        ready.get("reason", ""),
+        ready.get("message", ""),
+    ]
+    return [model["metadata"].get("namespace", ""), *row] if with_namespace else row
+
+
+def _list(cluster: Cluster, every_namespace: bool) -> int:
+    if every_namespace:
+        listing = cluster.custom.list_cluster_custom_object(
+            GROUP, VERSION, PLURAL, _request_timeout=connection.REQUEST_TIMEOUT_SECONDS
+        )
+    else:
+        listing = cluster.custom.list_namespaced_custom_object(
+            GROUP, VERSION, cluster.namespace, PLURAL, _request_timeout=connection.REQUEST_TIMEOUT_SECONDS
+        )
+    models = sorted(
+        listing.get("items") or [], key=lambda m: (m["metadata"].get("namespace", ""), m["metadata"]["name"])
+    )
+    if not models:
+        where = "" if every_namespace else f" in {cluster.namespace} namespace"
+        print(f"No resources found{where}.", file=sys.stderr)
+        return 0
+    header = ["NAME", "READY", "REPLICAS", "AVAILABLE", "MODELS", "GPUS", "AGE", "REASON", "MESSAGE"]
+    header = ["NAMESPACE", *header] if every_namespace else header
+    print(table([header, *(model_row(model, every_namespace) for model in models)]))
+    return 0
+
+
+def pod_state(pod: Mapping[str, Any]) -> str:
+    """A pod's STATUS as kubectl shows it: a waiting or failed container's reason, else the phase."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return "Terminating"
+    found = pod.get("status") or {}
+    for prefix, key in (("Init:", "initContainerStatuses"), ("", "containerStatuses")):
+        for container in found.get(key) or []:
+            state = container.get("state") or {}
+            reason = (state.get("waiting") or {}).get("reason") or (state.get("terminated") or {}).get(
+                "reason"
+            )
+            if reason and not (prefix and reason == "Completed"):
+                return prefix + reason
+    return found.get("phase", "Unknown")
+
+
+def pod_row(pod: Mapping[str, Any]) -> list[str]:
+    spec, found = pod.get("spec") or {}, pod.get("status") or {}
+    sidecars = {c["name"] for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"}
+    serving = [
+        *(c for c in found.get("initContainerStatuses") or [] if c.get("name") in sidecars),
+        *(found.get("containerStatuses") or []),
+    ]
+    total = len(sidecars) + len(spec.get("containers") or [])
+    restarts = sum(
+        c.get("restartCount", 0)
+        for c in [*(found.get("initContainerStatuses") or []), *(found.get("containerStatuses") or [])]
+    )
+    return [
+        pod["metadata"]["name"],
+        f"{sum(bool(c.get('ready')) for c in serving)}/{total}",
+        pod_state(pod),
+        str(restarts),
+        age(pod["metadata"].get("creationTimestamp")),
+    ]
+
+
+def describe(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> str:
+    """One model in detail."""
+    spec, found = model.get("spec") or {}, model.get("status") or {}
+    worker = spec.get("worker") or {}
+    script = worker.get("script")
+    fields = [
+        ("Name", model["metadata"]["name"]),
+        ("Namespace", model["metadata"].get("namespace", "")),
+        ("Image", worker.get("image", "")),
+        ("Script", f"{script['configMap']} ({script.get('entrypoint', 'serve.py')})" if script else "<none>"),
+        ("Models", ", ".join(spec.get("models") or [])),
+        ("Replicas", f"{found.get('readyReplicas', 0)} ready of {rollout.wanted_replicas(model)}"),
+        ("HTTP", found.get("url") or "<none yet>"),
+        ("gRPC", found.get("grpcUrl") or "<none yet>"),
+    ]
+    width = max(len(label) for label, _ in fields) + 3
+    lines = [f"{label + ':':<{width}}{value}" for label, value in fields]
+    conditions = found.get("conditions") or []
+    lines.append("Conditions:")
+    if conditions:
+        rows = [
+            [c.get("type", ""), c.get("status", ""), c.get("reason", ""), c.get("message", "")]
+            for c in conditions
+        ]
+        lines.append(table([["TYPE", "STATUS", "REASON", "MESSAGE"], *rows], indent="  "))
+    else:
+        lines.append("  <none: the operator has not reported on this model yet>")
+    lines.append("Pods:")
+    if pods:
+        rows = [pod_row(pod) for pod in sorted(pods, key=lambda p: p["metadata"]["name"])]
+        lines.append(table([["NAME", "READY", "STATUS", "RESTARTS", "AGE"], *rows], indent="  "))
+    else:
+        lines.append("  <none>")
+    return "\n".join(lines)
+
+
+def _show(args: argparse.Namespace) -> int:
+    cluster = connection.connect(args)
+    if args.name is None:
+        return _list(cluster, args.all_namespaces)
+    if args.all_namespaces:
+        raise connection.CommandError("a model NAME cannot be looked up with --all-namespaces; use -n")
+    print(describe(cluster.require_model(args.name), cluster.pods(args.name)))
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return connection.run_reporting_failures(lambda: _show(args))

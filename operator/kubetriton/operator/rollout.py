@@ -1,0 +1,162 @@
+"""Following a model until it is Ready, as `kubetriton deploy` shows it: one line per change.
+
+What a user waits for on a cluster happens in steps that take very different times: the operator
+takes the new spec, pods are scheduled, images are pulled, the worker loads its models, pods turn
+ready. Each step's count is shown when it changes, and so is a problem the operator reports
+(Degraded, with its reason and message), so a stalled deploy says why. Some problems need the user
+to act (an image kubetriton cannot run in, a child the API server refuses): the wait ends there.
+
+The pods counted are those of this deploy: their worker runs the spec's image and mounts the
+spec's script, so the pods of the previous script, still serving during a rollout, are not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubetriton.operator import status
+from kubetriton.operator.connection import Cluster, CommandError
+from kubetriton.operator.pod import WORKER_CONTAINER
+from kubetriton.operator.spec import PyTritonModel
+from pydantic import ValidationError
+
+POLL_SECONDS = 1.0
+TERMINAL_REASONS = (status.WORKER_IMAGE_UNSUPPORTED, status.APPLY_FAILED, status.INVALID_SPEC)
+"""Reasons that no waiting mends: the spec or the image has to change."""
+
+
+def condition(model: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """The model's condition of that type, or {} when it has none."""
+    conditions = (model.get("status") or {}).get("conditions") or []
+    return next((found for found in conditions if found.get("type") == kind), {})
+
+
+def observed(model: Mapping[str, Any]) -> bool:
+    """The operator's status describes the model's current spec."""
+    generation = (model.get("metadata") or {}).get("generation")
+    seen = (model.get("status") or {}).get("observedGeneration")
+    return seen is not None and (generation is None or seen >= generation)
+
+
+def is_ready(model: Mapping[str, Any]) -> bool:
+    return observed(model) and condition(model, status.READY).get("status") == "True"
+
+
+def wanted_replicas(model: Mapping[str, Any]) -> int:
+    """The pods a deploy waits for: the fixed count, or an autoscaled model's minimum."""
+    try:
+        return PyTritonModel.model_validate(model).spec.min_replicas
+    except ValidationError:
+        return 1
+
+
+def _worker(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return next((container for container in containers if container.get("name") == WORKER_CONTAINER), {})
+
+
+def current_pods(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The model's pods that run its spec's worker image and script, and are not stopping."""
+    worker = (model.get("spec") or {}).get("worker") or {}
+    script_map = (worker.get("script") or {}).get("configMap")
+
+    def current(pod: Mapping[str, Any]) -> bool:
+        volumes = (pod.get("spec") or {}).get("volumes") or []
+        mounted = {(volume.get("configMap") or {}).get("name") for volume in volumes}
+        return (
+            not (pod.get("metadata") or {}).get("deletionTimestamp")
+            and _worker(pod).get("image") == worker.get("image")
+            and (script_map is None or script_map in mounted)
+        )
+
+    return [pod for pod in pods if current(pod)]
+
+
+def _pod_condition(pod: Mapping[str, Any], kind: str) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(found.get("type") == kind and found.get("status") == "True" for found in conditions)
+
+
+def _images_pulled(pod: Mapping[str, Any]) -> bool:
+    pod_status = pod.get("status") or {}
+    containers = [
+        *(pod_status.get("initContainerStatuses") or []),
+        *(pod_status.get("containerStatuses") or []),
+    ]
+    return bool(containers) and all(container.get("imageID") for container in containers)
+
+
+def steps(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> dict[str, str]:
+    """What a look at the model and its pods shows, one line per step, by step."""
+    if not observed(model):
+        return {"operator": "waiting for the operator to take the new spec"}
+    wanted = wanted_replicas(model)
+    mine = current_pods(model, pods)
+    shown: dict[str, str] = {}
+    if mine:
+        shown["scheduled"] = (
+            f"pods scheduled: {sum(_pod_condition(p, 'PodScheduled') for p in mine)} of {wanted}"
+        )
+        shown["pulled"] = f"images pulled: {sum(_images_pulled(p) for p in mine)} of {wanted}"
+        loading = status.loading(mine)
+        if loading:
+            shown["loading"] = f"models loading: {len(loading)} of {wanted} pods"
+    degraded = condition(model, status.DEGRADED)
+    if degraded.get("status") == "True":
+        shown["problem"] = f"{degraded.get('reason')}: {degraded.get('message')}"
+    ready = (model.get("status") or {}).get("readyReplicas", 0) if is_ready(model) else None
+    if ready is None and mine:
+        ready = sum(_pod_condition(p, "Ready") for p in mine)
+    if ready:
+        shown["ready"] = f"ready: {ready} of {wanted}"
+    return shown
+
+
+def still_missing(model: Mapping[str, Any]) -> str:
+    """What the model is still waiting for, in a sentence."""
+    name = model["metadata"]["name"]
+    if not observed(model):
+        return f"the operator has not taken the new spec of {name} yet (is it running?)"
+    ready = condition(model, status.READY)
+    detail = (
+        f": {ready.get('reason')}: {ready.get('message')}" if ready else " (it has no Ready condition yet)"
+    )
+    return f"{name} is not Ready{detail}"
+
+
+def follow(
+    cluster: Cluster,
+    name: str,
+    timeout: float,
+    show: Callable[[str], None],
+    poll_seconds: float = POLL_SECONDS,
+) -> dict[str, Any]:
+    """Wait until the model is Ready and return it, showing each step as it changes.
+
+    Raises CommandError on a problem that no waiting mends, on timeout, or when the model goes."""
+    deadline = time.monotonic() + timeout
+    shown: dict[str, str] = {}
+    while True:
+        model = cluster.get_model(name)
+        if model is None:
+            raise CommandError(f"model {name} was deleted while waiting for it")
+        for step, line in steps(model, cluster.pods(name)).items():
+            if shown.get(step) != line:
+                show(line)
+                shown[step] = line
+        if is_ready(model):
+            return model
+        degraded = condition(model, status.DEGRADED)
+        if (
+            observed(model)
+            and degraded.get("status") == "True"
+            and degraded.get("reason") in TERMINAL_REASONS
+        ):
+            raise CommandError(
+                f"{name} cannot become Ready: {degraded.get('reason')}: {degraded.get('message')}"
+            )
+        if time.monotonic() >= deadline:
+            raise CommandError(f"timed out after {timeout:g}s: {still_missing(model)}")
+        time.sleep(poll_seconds)
