@@ -9,7 +9,10 @@ importing kopf, so that the operator's process can keep the kubernetes client ou
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+from kubetriton import podenv
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         default=None,
         help="coordinate with other operator replicas through this kopf peering object",
+    )
+    parser.add_argument(
+        "--worker-image",
+        default=os.environ.get(podenv.ENV_WORKER_IMAGE),
+        help="the kubetriton worker image, which runs the pods' init step where a model's "
+        f"spec.bootstrap.image is unset (default: ${podenv.ENV_WORKER_IMAGE}; without either, the "
+        "model's own worker image, which must then be built from the kubetriton worker image)",
     )
     parser.add_argument("--verbose", action="store_true", help="log kopf's debug messages")
 

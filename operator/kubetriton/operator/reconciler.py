@@ -267,8 +267,10 @@ class Reconciler:
         api: KubeApi,
         retry_delays: Sequence[float] = RETRY_DELAYS,
         refused_retry_delays: Sequence[float] = REFUSED_RETRY_DELAYS,
+        worker_image: str | None = None,
     ) -> None:
         self.api = api
+        self.worker_image = worker_image
         self.retry_delays = retry_delays
         self.refused_retry_delays = refused_retry_delays
         self.settings = kopf.OperatorSettings()
@@ -345,6 +347,8 @@ class Reconciler:
                 )
             except ValidationError as error:
                 parsed = describe_validation_error(error)
+            else:
+                parsed.spec.bootstrap.image = parsed.spec.bootstrap.image or self.worker_image
             state.parsed = (*stamp, parsed)
         return state.parsed[2]
 
@@ -595,11 +599,13 @@ def build_operator(
     request_timeout: float | None = None,
     retry_delays: Sequence[float] = RETRY_DELAYS,
     refused_retry_delays: Sequence[float] = REFUSED_RETRY_DELAYS,
+    worker_image: str | None = None,
 ) -> Operator:
-    """A registry with every handler of the operator, bound to one API session."""
+    """A registry with every handler of the operator, bound to one API session. `worker_image` runs the
+    pods' init step where a model's spec.bootstrap.image does not say otherwise."""
     registry = kopf.OperatorRegistry()
     api = KubeApi() if request_timeout is None else KubeApi(timeout=request_timeout)
-    reconciler = Reconciler(api, retry_delays, refused_retry_delays)
+    reconciler = Reconciler(api, retry_delays, refused_retry_delays, worker_image)
 
     @kopf.on.login(registry=registry)
     async def authenticate(**kwargs: Any) -> kopf.ConnectionInfo | None:

@@ -35,7 +35,7 @@ def health_app(path: str, not_serving_because: Callable[[], str | None]) -> aioh
 
 async def serve(args: argparse.Namespace) -> None:
     """The operator, and its health endpoint when asked for one."""
-    operator = build_operator()
+    operator = build_operator(worker_image=args.worker_image)
     insights = Insights()
     runner = None
     if args.liveness:
