@@ -6,6 +6,9 @@ fields the model no longer sets are removed, and fields other controllers own (a
 replica count) are left alone. kopf's login handlers supply the connection; nothing here knows
 whether it came from a service account or a kubeconfig.
 
+An operator that may lose its leadership gives its session a `may_write` check: every write is
+refused, without being sent, once the check says no (see `leader`).
+
 Every failure, an answer that is not a success as much as no answer at all, comes out as a
 `KubeError` that says whether trying again soon may help. A bounded number of requests is in flight
 at once: hundreds of models reconciled together queue here rather than at a busy API server, where
@@ -19,7 +22,7 @@ import base64
 import json
 import ssl
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -32,6 +35,8 @@ REQUEST_TIMEOUT_SECONDS = 30
 MAX_REQUESTS_IN_FLIGHT = 16
 NO_ANSWER = 0
 """The status of a request that got no HTTP answer: a timeout or a broken connection."""
+NOT_SENT = -1
+"""The status of a write refused before it was sent: the operator is not the leader (any more)."""
 CONFLICT, TOO_MANY_REQUESTS = 409, 429
 UNMERGEABLE = "failed to create typed patch object"
 
@@ -40,7 +45,7 @@ class KubeError(Exception):
     """A Kubernetes API call that failed, with the API server's own message."""
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(message if status == NO_ANSWER else f"HTTP {status}: {message}")
+        super().__init__(message if status in (NO_ANSWER, NOT_SENT) else f"HTTP {status}: {message}")
         self.status = status
         self.message = message
 
@@ -115,8 +120,11 @@ def ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
 class KubeApi:
     """An aiohttp session to the API server, reconnected whenever kopf logs in again."""
 
-    def __init__(self, timeout: float = REQUEST_TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self, timeout: float = REQUEST_TIMEOUT_SECONDS, may_write: Callable[[], bool] | None = None
+    ) -> None:
         self._timeout = timeout
+        self._may_write = may_write
         self._info: kopf.ConnectionInfo | None = None
         self._session: aiohttp.ClientSession | None = None
         self._in_flight = asyncio.Semaphore(MAX_REQUESTS_IN_FLIGHT)
@@ -162,6 +170,8 @@ class KubeApi:
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
         async with self._in_flight:
+            if method != "GET" and self._may_write is not None and not self._may_write():
+                raise KubeError(NOT_SENT, f"{method} {path} not sent: this operator is not the leader")
             try:
                 async with session.request(
                     method, path, data=data, headers=headers, params=params
@@ -180,6 +190,27 @@ class KubeApi:
                 message = text
             raise KubeError(response.status, message)
         return json.loads(text) if text else {}
+
+    async def get(self, api_version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """An object, or None when it does not exist."""
+        try:
+            return await self._request("GET", resource_path(api_version, plural, namespace, name))
+        except KubeError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def create(self, obj: Mapping[str, Any], plural: str) -> dict[str, Any]:
+        """Create an object; 409 when it exists."""
+        path = resource_path(obj["apiVersion"], plural, obj["metadata"].get("namespace"))
+        return await self._request("POST", path, body=obj)
+
+    async def json_patch(
+        self, api_version: str, plural: str, namespace: str, name: str, operations: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Apply a JSON patch; its `test` operations make it conditional (a failed one is a 422)."""
+        path = resource_path(api_version, plural, namespace, name)
+        return await self._request("PATCH", path, body=operations, content_type="application/json-patch+json")
 
     async def apply(
         self, obj: Mapping[str, Any], plural: str, field_manager: str = FIELD_MANAGER

@@ -1,18 +1,15 @@
 """`kubetriton operator`: run the PyTritonModel operator.
 
-The operator watches every namespace unless it is given some (exact names or glob patterns), and
-runs alone: kopf's peering, which needs its own CRDs and RBAC, is off unless a peering name is
-given. The operator itself lives in `runtime`; this module parses its command line without
-importing kopf, so that the operator's process can keep the kubernetes client out (see `run`).
+The operator watches every namespace unless it is given some (exact names or glob patterns). With
+`--leader-elect`, replicas share a Lease and only its holder reconciles (see `leader`). The
+operator itself lives in `runtime`; this module parses its command line without importing kopf, so
+that the operator's process can keep the kubernetes client out (see `run`).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-
-from kubetriton import podenv
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,18 +32,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve the operator's health at this URL, e.g. http://0.0.0.0:8080/healthz: "
         "200 while it serves models, 503 while their CRD is missing",
     )
-    parser.add_argument(
-        "--peering",
-        metavar="NAME",
-        default=None,
-        help="coordinate with other operator replicas through this kopf peering object",
+    election = parser.add_argument_group(
+        "leader election (several replicas; only the Lease's holder reconciles)"
     )
+    election.add_argument(
+        "--leader-elect", action="store_true", help="reconcile only while holding the Lease"
+    )
+    election.add_argument("--lease-name", default="kubetriton-operator", help="default: %(default)s")
+    election.add_argument(
+        "--lease-namespace",
+        default=None,
+        help="default: the pod's namespace (from its service account), else the kubeconfig's",
+    )
+    for flag, default, meaning in (
+        ("--lease-duration", 15.0, "how long a Lease lasts unrenewed before a standby takes it"),
+        ("--renew-deadline", 10.0, "how long the leader tries to renew before it stops writing"),
+        ("--retry-period", 2.0, "how often candidates and the leader try"),
+    ):
+        election.add_argument(
+            flag, type=float, default=default, metavar="SECONDS", help=f"{meaning} (%(default)g)"
+        )
     parser.add_argument(
-        "--worker-image",
-        default=os.environ.get(podenv.ENV_WORKER_IMAGE),
-        help="the kubetriton worker image, which runs the pods' init step where a model's "
-        f"spec.bootstrap.image is unset (default: ${podenv.ENV_WORKER_IMAGE}; without either, the "
-        "model's own worker image, which must then be built from the kubetriton worker image)",
+        "--max-concurrent-rollouts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="at most N serving models roll their pods at once for a change of the operator's own "
+        "pod template (an upgrade); spec changes are never held back (%(default)d)",
     )
     parser.add_argument("--verbose", action="store_true", help="log kopf's debug messages")
 

@@ -10,6 +10,18 @@ operator keeps what it needs in memory. Every child kind is watched into a kopf 
 knows what exists and what was applied (each child carries a fingerprint of it) without a request:
 an unchanged model costs no write at all.
 
+A change of the operator's own pod template (a new operator version whose generator differs) is
+applied to at most `max_concurrent_rollouts` serving models at a time: such a model's Deployment
+waits while that many others roll out. A change of a model's spec is never held back. The generator
+change is told from the spec change by the model's status: its spec's generation is the one the
+operator last converged (`observedGeneration`), yet its Deployment differs from what it wants.
+
+A change of the operator's own pod template (a new operator version whose generator differs) is
+applied to at most `max_concurrent_rollouts` serving models at a time: such a model's Deployment
+waits while that many others roll out. A change of a model's spec is never held back. The generator
+change is told from the spec change by the model's status: its spec's generation is the one the
+operator last converged (`observedGeneration`), yet its Deployment differs from what it wants.
+
 A failed apply is retried by the operator itself, with a backoff, rather than through kopf's
 handler retries: kopf keeps a failed handler's delay even when the spec changes, and a corrected
 spec is acted on at once here. The failure is kept in the status (Degraded, with the API server's
@@ -31,7 +43,14 @@ from typing import Any
 import kopf
 from kopf._cogs.structs import references
 from kubetriton.operator import children, naming, status
-from kubetriton.operator.kube import FIELD_MANAGER, HANDOVER_FIELD_MANAGER, KubeApi, KubeError
+from kubetriton.operator.kube import (
+    FIELD_MANAGER,
+    HANDOVER_FIELD_MANAGER,
+    NOT_SENT,
+    REQUEST_TIMEOUT_SECONDS,
+    KubeApi,
+    KubeError,
+)
 from kubetriton.operator.spec import (
     GROUP,
     PLURAL,
@@ -56,6 +75,8 @@ RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 """Seconds before the next attempt after a temporary failure; the last one repeats."""
 REFUSED_RETRY_DELAYS = (10.0, 30.0, 60.0, 120.0, 300.0)
 """The same after a refusal, which usually waits for a spec change (acted on at once anyway)."""
+MAX_CONCURRENT_ROLLOUTS = 3
+"""Serving models whose pods roll at once for a change of the operator's own pod template."""
 
 POD = children.ChildKind("v1", "Pod", "pods")
 INDEXES = {
@@ -142,6 +163,13 @@ def _model_summary(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict
     }
 
 
+def _converged_before(owner: Mapping[str, Any]) -> bool:
+    """Whether the operator converged the model's current spec before (its status says so): a
+    Deployment that differs from what the model wants then differs because the generator changed."""
+    observed = (owner.get("status") or {}).get("observedGeneration")
+    return observed is not None and observed == owner["metadata"].get("generation")
+
+
 def _owns_replicas(managed_fields: Sequence[Mapping[str, Any]]) -> bool:
     """Whether the operator's own field manager applied spec.replicas."""
     return any(
@@ -157,6 +185,7 @@ DEPLOYMENT_STATUS_FIELDS = (
     "replicas",
     "readyReplicas",
     "updatedReplicas",
+    "availableReplicas",
     "conditions",
 )
 
@@ -176,6 +205,24 @@ def _deployment_summary(deployment: Mapping[str, Any]) -> dict[str, Any]:
         "fingerprint": _fingerprint_of(deployment),
         "ownsReplicas": _owns_replicas(metadata.get("managedFields") or []),
     }
+
+
+def rolling_out(deployment: Mapping[str, Any]) -> bool:
+    """Whether a Deployment (its summary) is rolling out pods that serve: not every wanted pod is
+    updated and available yet, some are available, and its rollout has not stalled. A model with no
+    available pod has nothing a rollout could take away, and never holds others back."""
+    observed, wanted = deployment["status"], deployment["spec"]["replicas"]
+    available = observed.get("availableReplicas", 0)
+    stalled = any(
+        c.get("type") == "Progressing" and c.get("status") == "False"
+        for c in observed.get("conditions") or []
+    )
+    incomplete = (
+        observed.get("observedGeneration", 0) < deployment["metadata"]["generation"]
+        or observed.get("updatedReplicas", 0) < wanted
+        or available < wanted
+    )
+    return incomplete and available > 0 and not stalled
 
 
 def _child_summary(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any) -> dict[Key, Any]:
@@ -267,12 +314,17 @@ class Reconciler:
         api: KubeApi,
         retry_delays: Sequence[float] = RETRY_DELAYS,
         refused_retry_delays: Sequence[float] = REFUSED_RETRY_DELAYS,
-        worker_image: str | None = None,
+        *,
+        max_concurrent_rollouts: int = MAX_CONCURRENT_ROLLOUTS,
     ) -> None:
         self.api = api
-        self.worker_image = worker_image
         self.retry_delays = retry_delays
         self.refused_retry_delays = refused_retry_delays
+        self.max_concurrent_rollouts = max_concurrent_rollouts
+        self._rollout_admission = asyncio.Lock()
+        """Held from counting the rollouts to applying one, so that two models never take one slot."""
+        self._waiting: set[Key] = set()
+        """Models whose Deployment waits for a rollout slot."""
         self.settings = kopf.OperatorSettings()
         self.indices: Mapping[str, kopf.Index[Any, Any]] = {}
         self._models: dict[Key, ModelState] = {}
@@ -304,6 +356,26 @@ class Reconciler:
 
     def _observed(self, kind: children.ChildKind, key: Key) -> Any:
         return _first(self.indices.get(INDEXES[kind]), key)
+
+    def _deployment(self, key: Key) -> dict[str, Any] | None:
+        """The Deployment's summary: the operator's last apply, until the index has caught up with it."""
+        observed = self._observed(children.DEPLOYMENT, key)
+        state = self._models.get(key)
+        applied = state.applied_deployment if state is not None else None
+        if applied is None or (
+            observed and observed["metadata"]["generation"] >= applied["metadata"]["generation"]
+        ):
+            if state is not None:
+                state.applied_deployment = None
+            return observed
+        return applied
+
+    def _rollouts(self) -> int:
+        """How many models' Deployments roll out serving pods now."""
+        index = self.indices.get(INDEXES[children.DEPLOYMENT])
+        keys = set(index.keys()) if index is not None else set()
+        keys |= {key for key, state in self._models.items() if state.applied_deployment is not None}
+        return sum(1 for key in keys if (deployment := self._deployment(key)) and rolling_out(deployment))
 
     def _pods(self, key: Key) -> list[dict[str, Any]]:
         index = self.indices.get(INDEXES[POD])
@@ -347,8 +419,6 @@ class Reconciler:
                 )
             except ValidationError as error:
                 parsed = describe_validation_error(error)
-            else:
-                parsed.spec.bootstrap.image = parsed.spec.bootstrap.image or self.worker_image
             state.parsed = (*stamp, parsed)
         return state.parsed[2]
 
@@ -404,6 +474,8 @@ class Reconciler:
                 if failed.error.namespace_terminating:
                     logger.debug(f"not applied, the namespace is being deleted: {failed}")
                     return
+                if failed.error.status == NOT_SENT:  # no longer the leader: stepping down, silently
+                    return
                 self._failed(key, state, failed, logger)
             else:
                 state.failure, state.attempts = None, 0
@@ -453,13 +525,18 @@ class Reconciler:
         exist; say what was done (nothing, for a model whose children are as it wants them)."""
         key = (model.metadata.namespace or "", model.metadata.name)
         monitor = self.crd_established(children.SERVICE_MONITOR_CRD)
-        applied, deleted = [], []
+        applied, deleted, held = [], [], ""
         for child in children.desired(model, service_monitor=monitor):
             kind = children.kind_of(child)
             kopf.append_owner_reference(child, owner=dict(owner))
             observed = self._observed(kind, key)
             applied_before = observed["fingerprint"] if kind is children.DEPLOYMENT and observed else observed
             if applied_before == children.fingerprint(child):
+                continue
+            if kind is children.DEPLOYMENT and observed and _converged_before(owner):
+                held = await self._roll_when_free(key, kind, child, state)
+                if held is None:
+                    applied.append(kind.kind)
                 continue
             child = children.stamped(child)
             if kind is children.DEPLOYMENT and observed is None:
@@ -484,7 +561,33 @@ class Reconciler:
             for verb, kinds in (("applied", applied), ("deleted", deleted))
             if kinds
         ]
-        return "; ".join(done)
+        return "; ".join([*done, held] if held else done)
+
+    async def _roll_when_free(
+        self, key: Key, kind: children.ChildKind, child: dict[str, Any], state: ModelState
+    ) -> str | None:
+        """Apply a Deployment that the operator's own generator changed, if fewer than
+        max_concurrent_rollouts models roll out now; None once applied, otherwise what to say (the
+        first time only: the model then waits until a rollout completes, see `child_event`)."""
+        async with self._rollout_admission:
+            rolling = self._rollouts()
+            if rolling >= self.max_concurrent_rollouts:
+                first = key not in self._waiting
+                self._waiting.add(key)
+                return (
+                    f"Deployment waits: {rolling} models are rolling out a new pod template" if first else ""
+                )
+            answer = await self._apply(kind, children.stamped(child))
+            state.applied_deployment = _deployment_summary(answer)
+            self._waiting.discard(key)
+            return None
+
+    async def _admit_waiting(self) -> None:
+        """Converge as many waiting models as there are free rollout slots."""
+        if not self._waiting:
+            return
+        free = self.max_concurrent_rollouts - self._rollouts()
+        await asyncio.gather(*(self.converge(key) for key in sorted(self._waiting)[: max(free, 0)]))
 
     # Status.
 
@@ -492,14 +595,7 @@ class Reconciler:
         model = self._parse(state, owner)
         if isinstance(model, str):
             return status.invalid_spec(key[1], key[0], model)
-        deployment, applied = self._observed(children.DEPLOYMENT, key), state.applied_deployment
-        if applied is None or (
-            deployment and deployment["metadata"]["generation"] >= applied["metadata"]["generation"]
-        ):
-            state.applied_deployment = None
-        else:
-            deployment = applied
-        return status.summarize(model, deployment, self._pods(key), state.failure)
+        return status.summarize(model, self._deployment(key), self._pods(key), state.failure)
 
     async def _publish(
         self,
@@ -523,7 +619,7 @@ class Reconciler:
         try:
             await self.api.patch_status(owner["apiVersion"], PLURAL, key[0], key[1], new_status)
         except KubeError as error:
-            if error.status == 404:  # the model is gone
+            if error.status in (404, NOT_SENT):  # the model is gone, or this operator no longer leads
                 return
             logger.warning(f"writing the status failed: {error}")
             if error.temporary and state.retry is None:
@@ -561,6 +657,8 @@ class Reconciler:
             state = self._models.pop(key, None)
             if state is not None:
                 state.cancel_retry()
+            self._waiting.discard(key)
+            await self._admit_waiting()
             return
         state = self._models.get(key)
         if state is None or state.converged != _stamp(body.metadata):
@@ -575,6 +673,8 @@ class Reconciler:
             await self.converge(key)
         else:
             await self.refresh(key)
+        if body.get("kind") == children.DEPLOYMENT.kind:
+            await self._admit_waiting()
 
     async def crd_event(self, type: str | None, name: str, **_: Any) -> None:
         """The ServiceMonitor CRD appeared or changed: every model gets what it now wants."""
@@ -599,13 +699,15 @@ def build_operator(
     request_timeout: float | None = None,
     retry_delays: Sequence[float] = RETRY_DELAYS,
     refused_retry_delays: Sequence[float] = REFUSED_RETRY_DELAYS,
-    worker_image: str | None = None,
+    may_write: Callable[[], bool] | None = None,
+    max_concurrent_rollouts: int = MAX_CONCURRENT_ROLLOUTS,
 ) -> Operator:
-    """A registry with every handler of the operator, bound to one API session. `worker_image` runs the
-    pods' init step where a model's spec.bootstrap.image does not say otherwise."""
+    """A registry with every handler of the operator, bound to one API session."""
     registry = kopf.OperatorRegistry()
-    api = KubeApi() if request_timeout is None else KubeApi(timeout=request_timeout)
-    reconciler = Reconciler(api, retry_delays, refused_retry_delays, worker_image)
+    api = KubeApi(timeout=request_timeout or REQUEST_TIMEOUT_SECONDS, may_write=may_write)
+    reconciler = Reconciler(
+        api, retry_delays, refused_retry_delays, max_concurrent_rollouts=max_concurrent_rollouts
+    )
 
     @kopf.on.login(registry=registry)
     async def authenticate(**kwargs: Any) -> kopf.ConnectionInfo | None:
