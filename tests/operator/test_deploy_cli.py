@@ -585,3 +585,24 @@ async def test_context_and_kubeconfig_flags_choose_the_cluster_and_namespace(
     assert unreachable.code == 1 and unreachable.err.startswith(
         "error: cannot reach the Kubernetes API server"
     )
+
+
+@pytest.mark.asyncio
+async def test_an_update_keeps_what_its_flags_do_not_say(
+    cluster: ClusterEmulator, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    worker = {"image": "registry.example.com/lengths:1", "command": ["python", "/app/serve.py"]}
+    await create_model(cluster, model_document("lengths", worker=worker, gpus={"count": 2}, replicas=3))
+    path = write_script(tmp_path / "app")
+    updated = await kubetriton(capsys, "deploy", str(path), "--no-wait", "--replicas", "1")
+    assert updated.code == 0
+    command = "['python', '/app/serve.py']"
+    assert (
+        updated.err
+        == f"warning: model lengths has worker.command {command}, which runs instead of the script\n"
+    )
+    assert "pytritonmodel.kubetriton.dev/lengths configured" in updated.out.splitlines()
+    spec = (model(cluster, "lengths") or {})["spec"]
+    assert spec["worker"]["image"] == "registry.example.com/lengths:1"
+    assert spec["worker"]["script"]["configMap"] == f"lengths-script-{script.load(path).digest}"
+    assert (spec["gpus"]["count"], spec["replicas"], spec["models"]) == (2, 1, ["Lengths"])

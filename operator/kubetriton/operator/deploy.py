@@ -225,6 +225,12 @@ def _documents(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The ConfigMap and the PyTritonModel to apply; what a flag does not say, an update keeps."""
     spec = (live or {}).get("spec") or {}
+    command = (spec.get("worker") or {}).get("command")
+    if command:
+        print(
+            f"warning: model {name} has worker.command {command}, which runs instead of the script",
+            file=sys.stderr,
+        )
     image = args.image or (spec.get("worker") or {}).get("image")
     if not image:
         where = (
