@@ -38,9 +38,7 @@ from pydantic import ValidationError
 
 FIELD_MANAGER = "kubetriton-deploy"
 DEFAULT_TIMEOUT = "300s"
-INSTANCE_LABEL = "app.kubernetes.io/instance"
 COMPONENT_LABEL = "app.kubernetes.io/component"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 SCRIPT_COMPONENT = "script"
 DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")
 UNIT_SECONDS = {"h": 3600, "m": 60, "s": 1}
@@ -128,7 +126,11 @@ def duration(text: str) -> float:
 
 def script_labels(name: str) -> dict[str, str]:
     """The labels of a model's script ConfigMaps, by which its older ones are found."""
-    return {INSTANCE_LABEL: name, COMPONENT_LABEL: SCRIPT_COMPONENT, MANAGED_BY_LABEL: FIELD_MANAGER}
+    return {
+        naming.INSTANCE_LABEL: name,
+        COMPONENT_LABEL: SCRIPT_COMPONENT,
+        naming.MANAGED_BY_LABEL: FIELD_MANAGER,
+    }
 
 
 def config_map_name(name: str, files: script.Script) -> str:
@@ -358,17 +360,17 @@ def _deploy(args: argparse.Namespace) -> int:
     cluster = connection.connect(args)
     live = cluster.get_model(name)
     config_map, model = _documents(args, files, models, name, cluster.namespace, live)
-    config_map_name_ = config_map["metadata"]["name"]
-    print(f"configmap/{config_map_name_} {_create_config_map(cluster, config_map)}")
+    script_map = config_map["metadata"]["name"]
+    print(f"configmap/{script_map} {_create_config_map(cluster, config_map)}")
     applied = _apply_model(cluster, model)
     print(f"{SINGULAR}.{GROUP}/{name} {'configured' if live else 'created'}")
-    _own_config_map(cluster, config_map_name_, applied)
+    _own_config_map(cluster, script_map, applied)
     if not args.wait:
         print("\n".join(addresses(applied)))
         return 0
     print(f"waiting for {name} to be Ready (timeout {args.timeout:g}s)")
     ready = rollout.follow(cluster, name, args.timeout, print)
-    for older in _delete_older_scripts(cluster, name, config_map_name_):
+    for older in _delete_older_scripts(cluster, name, script_map):
         print(f"configmap/{older} deleted (an older script)")
     print(f"{name} is Ready: {rollout.condition(ready, status.READY).get('message', '')}")
     print()
