@@ -283,6 +283,18 @@ def load_example(example: str, image: str) -> dict[str, Any]:
     return model
 
 
+def script_config_map(example: str, model: dict[str, Any]) -> dict[str, Any]:
+    """The ConfigMap that an example's model.yaml names for its script, from the example's Python files, as
+    `kubectl create configmap NAME --from-file=serve.py` makes it."""
+    files = sorted((EXAMPLES / example).glob("*.py"))
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": model["spec"]["worker"]["script"]["configMap"]},
+        "data": {path.name: path.read_text() for path in files},
+    }
+
+
 def examples() -> list[str]:
     """The examples a cluster runs as they are; one whose volumes must exist first (weights-on-pvc) is run
     by test_workloads, which creates them."""

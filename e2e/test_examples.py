@@ -1,8 +1,11 @@
-"""Each example's model.yaml, applied as a user would: Ready, answering over HTTP and gRPC through a
-port-forward to its Service, with the children its spec calls for; deleted, and nothing left behind.
+"""Each example's model.yaml, applied as a user would: its script's ConfigMap created from the example's
+folder, then the model; Ready, answering over HTTP and gRPC through a port-forward to its Service, with
+the children its spec calls for; deleted, and nothing left behind.
 
-An example runs when its worker image is named (KUBETRITON_E2E_IMAGE_<EXAMPLE>) and the cluster has a
-node with the GPUs it asks for; otherwise it is skipped, saying which.
+An example runs when the cluster has a node with the GPUs it asks for. A CPU example runs in the
+kubetriton worker image (any image with Python and NumPy would do) unless KUBETRITON_E2E_IMAGE_<EXAMPLE>
+names another; a GPU example needs that image (its model code needs more than NumPy). Otherwise it is
+skipped, saying which.
 """
 
 from __future__ import annotations
@@ -22,17 +25,20 @@ from e2e.cluster import (
     kubectl,
     load_example,
     port_forward,
+    script_config_map,
     wait_for,
 )
 
 PORTS = {"http": 8000, "grpc": 8001}
 
 
-def _runnable(example: str, cluster: Cluster) -> dict[str, Any]:
+def _runnable(example: str, cluster: Cluster, settings: Settings) -> dict[str, Any]:
     """The example with its image, or a skip that says what is missing: first a node with its GPUs, then
     the image built for it."""
-    model = load_example(example, example_image(example) or "")
-    gpus = model["spec"].get("gpus") or {}
+    gpus = load_example(example, "")["spec"].get("gpus") or {}
+    model = load_example(
+        example, example_image(example) or ("" if gpus.get("count") else settings.worker_image)
+    )
     resource = gpus.get("resourceName", "nvidia.com/gpu")
     node_selector = (model["spec"].get("scheduling") or {}).get("nodeSelector")
     if gpus.get("count", 0) > cluster.allocatable(resource, node_selector):
@@ -61,8 +67,9 @@ def _check_answers(url: str, model_name: str) -> None:
 def test_example_serves_and_goes_away(
     example: str, release: dict[str, Any], cluster: Cluster, settings: Settings
 ) -> None:
-    model = _runnable(example, cluster)
+    model = _runnable(example, cluster, settings)
     name, namespace = model["metadata"]["name"], settings.models_namespace
+    cluster.apply(script_config_map(example, model), namespace)
     cluster.apply(model, namespace)
     try:
         ready = wait_for(
@@ -83,4 +90,5 @@ def test_example_serves_and_goes_away(
                     _check_answers(f"{protocol}://127.0.0.1:{local}", model_name)
     finally:
         kubectl("delete", "pytritonmodel", name, "-n", namespace, "--ignore-not-found", "--wait=true")
+        kubectl("delete", "configmap", model["spec"]["worker"]["script"]["configMap"], "-n", namespace)
     wait_for(lambda: not cluster.children(name, namespace), 300, f"{name}'s children to be deleted")

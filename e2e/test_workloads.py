@@ -1,12 +1,12 @@
 """A real workload's needs on a real cluster: weights on a shared read-only volume, a token from a Secret, and
 a load that outlasts the readiness checks.
 
-The model is examples/weights-on-pvc/model.yaml with the worker base image and an inline script: it sleeps
-longer than liveness would allow before it creates `Triton()` (as a script loading multi-GB weights
-does), then serves what it read from the volume and the length of the token it got from the Secret. The
-volume is a claim on a hostPath PersistentVolume (a one-node cluster such as the kit or kind), or on
-KUBETRITON_E2E_STORAGE_CLASS where the cluster provisions volumes. It must become Ready without a restart,
-its status saying Loading meanwhile.
+The model is examples/weights-on-pvc/model.yaml in the worker image, with a test script in the ConfigMap it
+names: the script sleeps longer than liveness would allow before it creates `Triton()` (as a script loading
+multi-GB weights does), then serves what it read from the volume and the length of the token it got from
+the Secret. The volume is a claim on a hostPath PersistentVolume (a one-node cluster such as the kit or
+kind), or on KUBETRITON_E2E_STORAGE_CLASS where the cluster provisions volumes. It must become Ready
+without a restart, its status saying Loading meanwhile.
 """
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 from pytriton.client import ModelClient
 
-from e2e.cluster import Cluster, Settings, kubectl, load_example, port_forward, wait_for
+from e2e.cluster import (
+    Cluster,
+    Settings,
+    kubectl,
+    load_example,
+    port_forward,
+    script_config_map,
+    wait_for,
+)
 
 NAME = "embedder"
 CLAIM, SECRET, TOKEN = "hf-cache", "hf-token", "not-a-real-token"
@@ -115,7 +123,10 @@ def test_weights_on_a_volume_a_secret_and_a_slow_load(
     kubectl("create", "secret", "generic", SECRET, "-n", namespace, f"--from-literal=token={TOKEN}")
     created.append(("secret", SECRET))
     model = load_example("weights-on-pvc", settings.worker_image)
-    model["spec"]["worker"]["command"] = ["python", "-c", SERVE]
+    script = script_config_map("weights-on-pvc", model)
+    script["data"] = {"serve.py": SERVE}
+    cluster.apply(script, namespace)
+    created.append(("configmap", script["metadata"]["name"]))
     model["spec"]["worker"]["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
     model["spec"]["replicas"] = 1
     try:

@@ -5,7 +5,6 @@ Locally: `python serve.py`. On a cluster with the kubetriton chart installed:
 """
 
 import numpy as np
-
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton
 
