@@ -24,6 +24,7 @@ import platform
 import re
 import secrets
 import shutil
+import time
 import zipfile
 from pathlib import Path
 
@@ -137,6 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
     try:
         python = os.environ.get(ENV_SIDECAR_PYTHON) or sidecar_python(args.triton_image)
         for subdir in (podenv.MODELS_SUBDIR, podenv.SOCKETS_SUBDIR):
@@ -150,6 +152,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(
         f"kubetriton bootstrap: the sidecar's runtime for Python {python} and the worker's for Python "
-        f"{', '.join(podenv.WORKER_PYTHONS)} ready in {args.workspace}"
+        f"{', '.join(podenv.WORKER_PYTHONS)} ready in {args.workspace} ({time.monotonic() - started:.2f} s)"
     )
     return 0
