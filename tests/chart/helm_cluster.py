@@ -62,6 +62,7 @@ _CHART_KINDS = {
     "v1/serviceaccounts": ("ServiceAccount", True),
     "v1/services": ("Service", True),
     "v1/pods": ("Pod", True),
+    "v1/configmaps": ("ConfigMap", True),
     "rbac.authorization.k8s.io/v1/clusterroles": ("ClusterRole", False),
     "rbac.authorization.k8s.io/v1/clusterrolebindings": ("ClusterRoleBinding", False),
     "rbac.authorization.k8s.io/v1/roles": ("Role", True),
@@ -78,10 +79,12 @@ class HelmEmulator(ClusterEmulator):
 
     kubernetes_version: tuple[int, int] = KUBERNETES_VERSION
     """What /version reports: Helm checks the chart's kubeVersion against it."""
+    extra_kinds: dict[str, tuple[str, bool]] = attrs.field(factory=dict)
+    """More kinds to serve (resource → kind, namespaced), as a cluster with some CRD installed."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        for key, (kind, namespaced) in _CHART_KINDS.items():
+        for key, (kind, namespaced) in {**_CHART_KINDS, **self.extra_kinds}.items():
             self.resources[key] = kmock.ResourceInfo(
                 kind=kind, singular=kind.lower(), namespaced=namespaced, verbs=set(_ALL_VERBS)
             )
@@ -211,6 +214,7 @@ async def install(
     namespace: str = "kubetriton",
     upgrade_to: Path | None = None,
     kubernetes_version: tuple[int, int] = KUBERNETES_VERSION,
+    extra_kinds: dict[str, tuple[str, bool]] | None = None,
 ) -> Installed:
     """`helm install RELEASE charts/kubetriton -n NAMESPACE` into a fresh emulator; what it stored.
 
@@ -219,7 +223,8 @@ async def install(
     steps = [{"action": "install", "release": release, "chart": str(CHART), "values": values}]
     if upgrade_to is not None:
         steps.append({"action": "upgrade", "release": release, "chart": str(upgrade_to), "values": values})
-    async with HelmEmulator(kubernetes_version=kubernetes_version) as cluster, kmock.Server(cluster):
+    emulator = HelmEmulator(kubernetes_version=kubernetes_version, extra_kinds=extra_kinds or {})
+    async with emulator as cluster, kmock.Server(cluster):
         config = kubeconfig(str(cluster.servers[0].url).rstrip("/"), namespace)
         result = (await helm(steps, namespace, config))[-1]
         return Installed(

@@ -79,11 +79,12 @@ def test_probes_reach_the_operators_health_endpoint(name: str, port: int) -> Non
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
-def test_one_restricted_non_root_replica_replaced_not_rolled(name: str) -> None:
+def test_restricted_non_root_replicas_rolled_one_new_pod_at_a_time(name: str) -> None:
     deployment, container = _operator(name)
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2
+    rolling = {"maxUnavailable": 0, "maxSurge": 1}
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": rolling}
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -113,7 +114,9 @@ def test_customized_values_reach_the_pod() -> None:
     assert deployment["metadata"]["name"] == "triton-operator"
     assert container["image"] == "registry.internal/ml/kubetriton-operator:0.2.0"
     assert container["imagePullPolicy"] == "Always"
-    assert {"name": "KUBETRITON_WORKER_IMAGE", "value": "registry.internal/ml/worker:0.2.0"} in container["env"]
+    assert {"name": "KUBETRITON_WORKER_IMAGE", "value": "registry.internal/ml/worker:0.2.0"} in container[
+        "env"
+    ]
     assert "--verbose" in container["args"]
     assert container["resources"] == values["resources"]
     assert pod["serviceAccountName"] == "triton-operator-sa"

@@ -29,6 +29,10 @@ def _triples(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     }
 
 
+LEASE_GRANTS = {(NAMESPACE, *triple) for triple in _triples(rbac.LEADER_ELECTION_RULES)}
+"""Leader election's grants: its Lease, in the operator's own namespace only, in every watch mode."""
+
+
 def _grants(name: str) -> set[Grant]:
     """Everything the operator's ServiceAccount may do, resolved through the release's bindings."""
     release = installed(name)
@@ -59,8 +63,10 @@ def _operator_objects(name: str, kind: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("name", ["defaults", "crd-not-kept"])
 def test_watching_every_namespace_grants_the_rules_cluster_wide(name: str) -> None:
-    assert _grants(name) == {(None, *triple) for triple in _triples(rbac.RULES)}
-    assert _operator_objects(name, "Role") == _operator_objects(name, "RoleBinding") == []
+    assert _grants(name) == {(None, *triple) for triple in _triples(rbac.RULES)} | LEASE_GRANTS
+    roles = [role["metadata"]["name"] for role in _operator_objects(name, "Role")]
+    bindings = [binding["metadata"]["name"] for binding in _operator_objects(name, "RoleBinding")]
+    assert roles == bindings == ["kubetriton-leader-election"], "no Role but the Lease's"
 
 
 @pytest.mark.parametrize(
@@ -76,7 +82,7 @@ def test_watching_namespaces_grants_namespaced_rules_only_there(name: str, names
     for group, resource, verb in _triples(rbac.RULES):
         scopes = {None} if resource in CLUSTER_SCOPED else namespaces
         expected |= {(scope, group, resource, verb) for scope in scopes}
-    assert _grants(name) == expected
+    assert _grants(name) == expected | LEASE_GRANTS
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)

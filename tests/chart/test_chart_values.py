@@ -21,7 +21,7 @@ BAD_VALUES: dict[str, dict[str, Any]] = {
     "namespace with capitals": {"watchNamespaces": ["Team-A"]},
     "repeated namespace": {"watchNamespaces": ["a", "a"]},
     "namespaces as a string": {"watchNamespaces": "team-a"},
-    "unknown top-level key": {"replicaCount": 2},
+    "unknown top-level key": {"replicas": 2},
     "misspelt nested key": {"crds": {"instal": False}},
     "crds.keep not a boolean": {"crds": {"keep": "yes"}},
     "unknown pull policy": {"image": {"pullPolicy": "Sometimes"}},

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -63,6 +63,7 @@ class HealthServer:
         self._draining = draining
         self._registry = CollectorRegistry()
         self._registry.register(WorkerCollector(lambda: list(workers().values())))
+        ProcessCollector(registry=self._registry)  # process_start_time_seconds: restarts show in alerts
         health = self
 
         class Handler(BaseHTTPRequestHandler):

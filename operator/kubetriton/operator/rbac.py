@@ -7,6 +7,10 @@ their status.
 Children the spec may stop wanting are also deleted. Watching CRDs tells whether ServiceMonitors
 exist and lets kopf serve a CRD installed after the operator started; watching namespaces tells
 which ones are being deleted, and serves kopf's namespace patterns.
+
+Leader election needs its Lease only, in the operator's own namespace: a Role there
+(`LEADER_ELECTION_RULES`) reads, creates and patches Leases (a renewal is a JSON patch that tests the
+resourceVersion it read).
 """
 
 from __future__ import annotations
@@ -44,9 +48,14 @@ RULES: list[dict[str, list[str]]] = [
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": WATCH},
 ]
 
+LEADER_ELECTION_RULES: list[dict[str, list[str]]] = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch"]},
+]
+
 
 def manifests(namespace: str = NAMESPACE) -> list[dict[str, Any]]:
-    """ServiceAccount, ClusterRole and ClusterRoleBinding for an operator watching any namespace."""
+    """ServiceAccount, ClusterRole and ClusterRoleBinding for an operator watching any namespace, and
+    the Role and RoleBinding for its Lease in its own namespace."""
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": NAME, "namespace": namespace}},
         {
@@ -60,6 +69,19 @@ def manifests(namespace: str = NAMESPACE) -> list[dict[str, Any]]:
             "kind": "ClusterRoleBinding",
             "metadata": {"name": NAME},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
+            "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": NAME, "namespace": namespace},
+            "rules": LEADER_ELECTION_RULES,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": NAME, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
             "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}],
         },
     ]
