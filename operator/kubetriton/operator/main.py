@@ -9,7 +9,10 @@ that the operator's process can keep the kubernetes client out (see `run`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+from kubetriton import podenv
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="at most N serving models roll their pods at once for a change of the operator's own "
         "pod template (an upgrade); spec changes are never held back (%(default)d)",
+    )
+    parser.add_argument(
+        "--worker-image",
+        default=os.environ.get(podenv.ENV_WORKER_IMAGE),
+        help="the kubetriton worker image, which runs the pods' init step where a model's "
+        f"spec.bootstrap.image is unset (default: ${podenv.ENV_WORKER_IMAGE}; without either, the "
+        "model's own worker image, which must then be built from the kubetriton worker image)",
     )
     parser.add_argument("--verbose", action="store_true", help="log kopf's debug messages")
 

@@ -314,10 +314,12 @@ class Reconciler:
         api: KubeApi,
         retry_delays: Sequence[float] = RETRY_DELAYS,
         refused_retry_delays: Sequence[float] = REFUSED_RETRY_DELAYS,
+        worker_image: str | None = None,
         *,
         max_concurrent_rollouts: int = MAX_CONCURRENT_ROLLOUTS,
     ) -> None:
         self.api = api
+        self.worker_image = worker_image
         self.retry_delays = retry_delays
         self.refused_retry_delays = refused_retry_delays
         self.max_concurrent_rollouts = max_concurrent_rollouts
@@ -419,6 +421,8 @@ class Reconciler:
                 )
             except ValidationError as error:
                 parsed = describe_validation_error(error)
+            else:
+                parsed.spec.bootstrap.image = parsed.spec.bootstrap.image or self.worker_image
             state.parsed = (*stamp, parsed)
         return state.parsed[2]
 
@@ -699,14 +703,16 @@ def build_operator(
     request_timeout: float | None = None,
     retry_delays: Sequence[float] = RETRY_DELAYS,
     refused_retry_delays: Sequence[float] = REFUSED_RETRY_DELAYS,
+    worker_image: str | None = None,
     may_write: Callable[[], bool] | None = None,
     max_concurrent_rollouts: int = MAX_CONCURRENT_ROLLOUTS,
 ) -> Operator:
-    """A registry with every handler of the operator, bound to one API session."""
+    """A registry with every handler of the operator, bound to one API session. `worker_image` runs the
+    pods' init step where a model's spec.bootstrap.image does not say otherwise."""
     registry = kopf.OperatorRegistry()
     api = KubeApi(timeout=request_timeout or REQUEST_TIMEOUT_SECONDS, may_write=may_write)
     reconciler = Reconciler(
-        api, retry_delays, refused_retry_delays, max_concurrent_rollouts=max_concurrent_rollouts
+        api, retry_delays, refused_retry_delays, worker_image, max_concurrent_rollouts=max_concurrent_rollouts
     )
 
     @kopf.on.login(registry=registry)

@@ -175,6 +175,7 @@ async def serve(args: argparse.Namespace, outages: ApiOutages) -> None:
     """The operator, and its health endpoint when asked for one."""
     elector = await candidate(args, outages) if args.leader_elect else None
     operator = build_operator(
+        worker_image=args.worker_image,
         may_write=elector.leading if elector is not None else None,
         max_concurrent_rollouts=args.max_concurrent_rollouts,
     )
