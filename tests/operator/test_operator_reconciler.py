@@ -199,6 +199,29 @@ async def test_create_applies_children_owned_by_the_model(
     assert deletes == [] and crd_reads == [], "nothing is deleted or looked up for a new model"
 
 
+async def test_the_operators_worker_image_runs_the_init_step_unless_the_model_names_one(
+    cluster: ClusterEmulator, start_operator: StartOperator
+):
+    await start_operator(worker_image="registry.example.com/kubetriton/worker:0.1.0")
+    await create_model(cluster, model_document("plain"))
+    named = model_document("named")
+    named["spec"]["bootstrap"] = {"image": "registry.example.com/ours/kubetriton-worker:2"}
+    await create_model(cluster, named)
+
+    def bootstrap_image(name: str) -> str | None:
+        deployment = stored(cluster, CHILD_APIS["Deployment"], name)
+        if deployment is None:
+            return None
+        return deployment["spec"]["template"]["spec"]["initContainers"][0]["image"]
+
+    assert (
+        await eventually(lambda: bootstrap_image("plain")) == "registry.example.com/kubetriton/worker:0.1.0"
+    )
+    assert (
+        await eventually(lambda: bootstrap_image("named")) == "registry.example.com/ours/kubetriton-worker:2"
+    )
+
+
 async def test_ready_follows_the_deployment(cluster: ClusterEmulator, start_operator: StartOperator):
     await start_operator()
     await create_model(cluster, model_document("identity"))
