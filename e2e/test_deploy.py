@@ -24,7 +24,7 @@ import pytest
 from pytriton.client import DecoupledModelClient, ModelClient
 
 from e2e import loadgen
-from e2e.cluster import Cluster, Settings, kubectl, port_forward, wait_for
+from e2e.cluster import INSTANCE_LABEL, Cluster, Settings, kubectl, port_forward, wait_for
 
 USER_IMAGES = [image for image in os.environ.get("KUBETRITON_E2E_USER_IMAGES", "").split(",") if image]
 NO_NUMPY_IMAGE = "docker.io/library/python:3.12-slim"
@@ -124,7 +124,12 @@ def test_deploy_into_a_users_image_serves_and_rolls_an_edited_script(
         assert result.returncode == 0, result.stderr
         assert f"http://{name}.{namespace}.svc" in result.stdout and "ModelClient(" in result.stdout
         provisioning = provisioning_seconds(cluster, name, namespace)
-        print(f"{image}: Ready {took:.1f} s after `kubetriton deploy`; init step {provisioning} s")
+        said = kubectl(
+            "logs", "-n", namespace, "-l", f"{INSTANCE_LABEL}={name}", "-c", "bootstrap", "--tail=1"
+        )
+        own_seconds = float(said.rsplit("(", 1)[1].split(" s)")[0])
+        print(f"{image}: Ready {took:.1f} s after `kubetriton deploy`; init {provisioning} s; {said.strip()}")
+        assert own_seconds < 5 and all(seconds <= 5 for seconds in provisioning), said
         for protocol, port in (("http", 8000), ("grpc", 8001)):
             with port_forward(namespace, f"service/{name}", port) as local:
                 url = f"{protocol}://127.0.0.1:{local}"
