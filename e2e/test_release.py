@@ -1,24 +1,35 @@
-"""The chart on a real cluster: the operator comes up under its restricted settings, and `helm test`
-serves one inference from a CPU model through its Service."""
+"""The chart on a real cluster: two operators come up under their restricted settings, one of them holding
+the Lease, and `helm test` serves one inference from a CPU model through its Service."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+from kubernetes import client
+
 from e2e.cluster import CRD_NAME, Cluster, Settings
 
 
-def test_the_operator_is_available(release: dict[str, Any], cluster: Cluster, settings: Settings) -> None:
+def test_two_operators_are_available_and_one_holds_the_lease(
+    release: dict[str, Any], cluster: Cluster, settings: Settings
+) -> None:
     (deployment,) = cluster.apps.list_namespaced_deployment(
         settings.namespace, label_selector="app.kubernetes.io/component=operator"
     ).items
-    assert deployment.status.available_replicas == 1
-    (pod,) = cluster.core.list_namespaced_pod(
+    assert deployment.status.available_replicas == 2
+    pods = cluster.core.list_namespaced_pod(
         settings.namespace, label_selector="app.kubernetes.io/component=operator"
     ).items
-    assert pod.status.phase == "Running"
-    assert pod.spec.security_context.run_as_non_root is True
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod.status.phase == "Running"
+        assert pod.spec.security_context.run_as_non_root is True
+    lease = client.CoordinationV1Api(cluster.core.api_client).read_namespaced_lease(
+        deployment.metadata.name, settings.namespace
+    )
+    holder = lease.spec.holder_identity
+    assert holder.rsplit("_", 1)[0] in {pod.metadata.name for pod in pods}, holder
 
 
 def test_the_crd_is_established(release: dict[str, Any], cluster: Cluster) -> None:
