@@ -376,7 +376,9 @@ def test_by_default_pytritons_endpoints_need_the_generated_token(secured, protoc
     module = httpclient if protocol == "http" else grpcclient
     client = module.InferenceServerClient(f"127.0.0.1:{ports[protocol]}")
     with pytest.raises(InferenceServerException):
-        client.load_model("double", headers=create_auth_headers(token, protocol))
+        client.load_model("double")
+    client.load_model("double", headers=create_auth_headers(token, protocol))  # locally, the token opens it
+    assert client.is_model_ready("double")
     client.close()
 
 

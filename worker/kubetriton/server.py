@@ -3,27 +3,42 @@
 Both are reached through a `TritonControl` (liveness, model loading) holding the repository token. Only the
 local server owns a process; stopping it drains in-flight requests (SIGTERM, Triton's exit timeout) and
 removes every shared-memory file it created.
+
+A local server is also published, for as long as it runs, in a directory private to the user
+(`servers_dir`): where its repository, sockets and arenas are and the tokens that open it. That is how
+`RemoteTriton(url)` in another process of the same user binds models to it, as PyTriton's remote mode does
+between two scripts on one machine. Only the user can read the record; it names the server by its ports.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import fcntl
 import glob
+import json
 import os
 import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from pytriton.client._url import Endpoint
 from pytriton.exceptions import PyTritonRuntimeError
 
 from kubetriton.control import TritonControl
-from kubetriton.podenv import DEFAULT_PROTECTED_ENDPOINTS, tritonserver_args
+from kubetriton.podenv import (
+    ACCESS_TOKEN_HEADER,
+    DEFAULT_PROTECTED_ENDPOINTS,
+    restricted_api_groups,
+    tritonserver_args,
+)
 from kubetriton.triton_home import TritonHome
 
 OWNER_LOCK = ".owner.lock"
@@ -71,6 +86,113 @@ def remove_abandoned(parent: Path) -> None:
             os.close(fd)
 
 
+def local_restricted_api_groups(
+    repository_token: str, access_token: str | None, protected_endpoints: Sequence[str]
+) -> list[str]:
+    """The restricted-API groups of a local server. The user owns it: when the security config protects the
+    model repository, the access token opens it with the other protected endpoints (kubetriton manages
+    models with that token too); otherwise the repository stays behind kubetriton's own token, as in a pod."""
+    if access_token and "model-repository" in protected_endpoints:
+        return [f"{','.join(protected_endpoints)}:{ACCESS_TOKEN_HEADER}={access_token}"]
+    return restricted_api_groups(repository_token, access_token, protected_endpoints)
+
+
+_RESTRICTION_FLAGS = ("--http-restricted-api=", "--grpc-restricted-protocol=")
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedServer:
+    """What another process of the same user needs to bind models to a running local server."""
+
+    ports: dict[str, int]
+    """The server's port per protocol that is on: "http", "grpc"."""
+    model_repository: str
+    runtime: str
+    sockets: str
+    arena_dir: str
+    repository_token: str
+    access_token: str | None
+
+
+def servers_dir() -> Path:
+    """The directory where local servers are published: `$XDG_RUNTIME_DIR/kubetriton` (a directory of the
+    user's session), else `kubetriton-servers-<uid>` in the temporary directory. It is created readable by
+    the user alone, and refused (PyTritonRuntimeError) when it is a link, another user's, or open to others:
+    the records hold the servers' tokens."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir():
+        directory = Path(runtime) / "kubetriton"
+    else:
+        directory = Path(tempfile.gettempdir()) / f"kubetriton-servers-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=0o700)
+    status = directory.lstat()
+    if (
+        not stat.S_ISDIR(status.st_mode)
+        or status.st_uid != os.getuid()
+        or stat.S_IMODE(status.st_mode) & 0o077
+    ):
+        raise PyTritonRuntimeError(
+            f"{directory} must be a directory of user {os.getuid()} that nobody else may use "
+            "(mode 0700); remove it, or set XDG_RUNTIME_DIR to such a directory"
+        )
+    return directory
+
+
+def publish(server: PublishedServer) -> tuple[Path, int]:
+    """Publish `server` for the processes of this user; the record lives while the returned descriptor
+    stays open (an owner lock, which the kernel releases however the process ends), at the returned path."""
+    directory = servers_dir()
+    name = f"{os.getpid()}-{os.urandom(4).hex()}"
+    draft = directory / f".{name}.draft"
+    fd = os.open(draft, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, json.dumps(dataclasses.asdict(server)).encode())
+    record = directory / f"{name}.json"
+    os.rename(draft, record)
+    return record, fd
+
+
+def find_published(endpoint: Endpoint) -> PublishedServer | None:
+    """The local server of this user that listens at `endpoint`, when it is on this machine and published;
+    records of servers that ended are removed on the way."""
+    if not _is_this_machine(endpoint.host):
+        return None
+    for record in sorted(servers_dir().glob("*.json")):
+        try:
+            fd = os.open(record, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            record.unlink(missing_ok=True)  # its owner holds the lock no more
+            continue
+        except BlockingIOError:
+            server = PublishedServer(**json.loads(os.pread(fd, os.fstat(fd).st_size, 0)))
+        finally:
+            os.close(fd)
+        if server.ports.get(endpoint.protocol) == endpoint.port:
+            return server
+    return None
+
+
+def _is_this_machine(host: str) -> bool:
+    """Whether `host` names this machine: a socket can be bound to one of its addresses."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except OSError:
+        return False
+    for address in addresses:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address, 0))
+            except OSError:
+                continue
+            return True
+    return False
+
+
 def _die_with_parent() -> None:
     """Ask the kernel to SIGTERM tritonserver if the process that launched it dies."""
     with contextlib.suppress(OSError):
@@ -115,18 +237,21 @@ class LocalTritonServer:
             if listening is None
             else listening
         )
+        common = tritonserver_args(
+            model_repository=str(model_repository),
+            repository_token=repository_token,
+            access_token=access_token,
+            protected_endpoints=protected_endpoints,
+            exit_timeout_s=exit_timeout_s,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            metrics_port=metrics_port,
+            log_verbose=log_verbose,
+        )
+        groups = local_restricted_api_groups(repository_token, access_token, protected_endpoints)
         self._args = [
-            *tritonserver_args(
-                model_repository=str(model_repository),
-                repository_token=repository_token,
-                access_token=access_token,
-                protected_endpoints=protected_endpoints,
-                exit_timeout_s=exit_timeout_s,
-                http_port=http_port,
-                grpc_port=grpc_port,
-                metrics_port=metrics_port,
-                log_verbose=log_verbose,
-            ),
+            *(arg for arg in common if not arg.startswith(_RESTRICTION_FLAGS)),
+            *(flag + group for group in groups for flag in _RESTRICTION_FLAGS),
             f"--backend-directory={home.backends}",
             f"--backend-config=python,shm-region-prefix-name={Path(shm_prefix).name}",
             *extra_args,

@@ -6,9 +6,12 @@ backend thread is still finishing with it, and about one such load in ten ends i
 that leaves the load request hanging. Answered by the worker, a failing warm-up fails `bind()` before
 Triton sees the model.
 
-A sample is built as Triton builds one: `batch_size` requests that each hold one sample (with a batch axis
-of 1 when the model batches), its values zeros, random values or a `.npy` file's sample. Strings are empty
-for zero and random data alike, as in Triton. The data is made, and the files read, once, at bind().
+A warm-up is built as Triton builds one: `batch_size` requests that each hold one sample (with a batch axis
+of 1 when the model batches), its values zeros, random values or a `.npy` file's samples. A file may hold one
+sample, which every request gets, or a batch of them, which the requests take in turn. Strings are empty for
+zero and random data alike, as in Triton. A warm-up may give only some of the model's inputs, as PyTriton
+lets it (a callable taking `**inputs` gets those given). The data is made, and the files read, once, at
+bind().
 """
 
 from __future__ import annotations
@@ -33,20 +36,24 @@ class WarmupSample:
     name: str
     batch_size: int
     count: int
-    inputs: dict[str, np.ndarray]
-    """Read-only arrays shaped as a client's request of one sample."""
+    inputs: dict[str, tuple[np.ndarray, ...]]
+    """Per input, the read-only arrays the requests take in turn, each shaped as a client's request of one
+    sample."""
 
     def requests(self) -> list[Request]:
-        return [Request(dict(self.inputs)) for _ in range(self.batch_size)]
+        return [
+            Request({name: samples[index % len(samples)] for name, samples in self.inputs.items()})
+            for index in range(self.batch_size)
+        ]
 
 
 def warmup_samples(
     model: str, inputs: Sequence[Tensor], warmups: Sequence[ModelWarmup], *, batching: bool
 ) -> tuple[WarmupSample, ...]:
     """Check `warmups` against the model's inputs and make their data. PyTritonModelConfigError for a
-    warm-up that names an input the model lacks, leaves out a required one, or disagrees with one's dtype
-    or shape; PyTritonBadParameterError for a data file that cannot be read or holds other than one sample.
-    A warm-up of batch size 0 is skipped, as Triton skips it."""
+    warm-up that names an input the model lacks or disagrees with one's dtype or shape;
+    PyTritonBadParameterError for a data file that cannot be read or holds neither a sample nor a batch of
+    them. A warm-up of batch size 0 is skipped, as Triton skips it."""
     declared = {tensor.name: tensor for tensor in inputs}
     samples = []
     for warmup in warmups:
@@ -55,23 +62,22 @@ def warmup_samples(
                 f"Model '{model}' warm-up '{warmup.name}': batch_size and count must not be negative"
             )
         unknown = sorted(set(warmup.inputs) - set(declared))
-        missing = sorted(
-            name for name, tensor in declared.items() if not tensor.optional and name not in warmup.inputs
-        )
-        if unknown or missing:
+        if unknown:
             raise PyTritonModelConfigError(
-                f"Model '{model}' warm-up '{warmup.name}' must give each required input of the model "
-                f"({', '.join(declared)}); unknown: {', '.join(unknown) or 'none'}, "
-                f"missing: {', '.join(missing) or 'none'}"
+                f"Model '{model}' warm-up '{warmup.name}' gives inputs the model lacks: {', '.join(unknown)} "
+                f"(its inputs: {', '.join(declared)})"
             )
         if warmup.batch_size == 0:
             continue
         data = {}
         for name, item in warmup.inputs.items():
             _check_matches(model, warmup.name, declared[name], item)
-            array = _sample(item)[np.newaxis] if batching else _sample(item)
-            array.flags.writeable = False
-            data[name] = array
+            arrays = []
+            for sample in _samples(item)[: warmup.batch_size]:
+                array = sample[np.newaxis] if batching else sample
+                array.flags.writeable = False
+                arrays.append(array)
+            data[name] = tuple(arrays)
         samples.append(WarmupSample(warmup.name, warmup.batch_size, warmup.count, data))
     return tuple(samples)
 
@@ -90,32 +96,34 @@ def _kind(dtype: np.dtype) -> str:
     return "bytes" if is_bytes_dtype(dtype) else str(dtype)
 
 
-def _sample(item: WarmupInput) -> np.ndarray:
-    """One sample of `item`, without a batch axis."""
+def _samples(item: WarmupInput) -> list[np.ndarray]:
+    """The samples of `item`, without a batch axis: one, or the batch a data file holds."""
     dtype = normalize_dtype(item.dtype)
     shape = tuple(item.shape)
     strings = is_bytes_dtype(dtype)
     if item.zero_data or (item.random_data and strings):
-        return np.full(shape, b"", dtype=dtype) if strings else np.zeros(shape, dtype)
+        return [np.full(shape, b"", dtype=dtype) if strings else np.zeros(shape, dtype)]
     if item.random_data:
-        return _random(dtype, shape)
+        return [_random(dtype, shape)]
     try:
         data = np.load(item.input_data_file)
     except (OSError, ValueError) as error:
         raise PyTritonBadParameterError(f"Warm-up data file {item.input_data_file}: {error}") from None
-    if data.shape != shape:
+    if data.shape == shape:
+        data = data[np.newaxis]
+    elif data.shape[1:] != shape or len(data) == 0:
         raise PyTritonBadParameterError(
-            f"Warm-up data file {item.input_data_file} holds shape {data.shape}; "
-            f"it must hold one sample of shape {shape}"
+            f"Warm-up data file {item.input_data_file} holds shape {data.shape}; it must hold one sample "
+            f"of shape {shape}, or a batch of them (shape (n, {', '.join(map(str, shape))}))"
         )
     if not strings:
-        return np.ascontiguousarray(data, dtype=dtype)
+        return list(np.ascontiguousarray(data, dtype=dtype))
     if data.dtype.kind not in "SU":
         raise PyTritonBadParameterError(
             f"Warm-up data file {item.input_data_file} holds {data.dtype} values; a bytes input needs strings"
         )
     values = [value.encode() if isinstance(value, str) else value for value in data.ravel().tolist()]
-    return np.array(values, dtype=dtype).reshape(shape)
+    return list(np.array(values, dtype=dtype).reshape(data.shape))
 
 
 def _random(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

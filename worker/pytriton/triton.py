@@ -30,7 +30,16 @@ from kubetriton.control import TritonControl
 from kubetriton.drain import client_connections, request_sidecar_stop
 from kubetriton.health import HealthServer
 from kubetriton.model_repository import ModelSpec, check_model_name, name_tensors, write_model
-from kubetriton.server import LocalTritonServer, claim, remove_abandoned, remove_owned
+from kubetriton.server import (
+    LocalTritonServer,
+    PublishedServer,
+    claim,
+    find_published,
+    local_restricted_api_groups,
+    publish,
+    remove_abandoned,
+    remove_owned,
+)
 from kubetriton.sidecar.bootstrap import install_runtime
 from kubetriton.triton_home import locate
 from kubetriton.warmup import warmup_samples
@@ -309,7 +318,8 @@ class TritonSecurityConfig:
     `restricted_endpoints=None` protects `DEFAULT_PROTECTED_ENDPOINTS`; `[]` protects none. Without an
     `access_token`, one is generated when something is protected. Clients send it in the
     `triton-access-token` header (`ModelClient(..., access_token=...)` does). The model-repository API is
-    restricted in any case, by kubetriton's own token: the access token never opens it.
+    restricted in any case: on a local server protecting it, by the access token as well; otherwise (not
+    protected here, or in a pod) by kubetriton's own token alone.
     """
 
     access_token: str | None = None
@@ -605,16 +615,22 @@ class _Serving:
         assert self._control is not None
         token_file = self._workspace / podenv.REPOSITORY_TOKEN_FILE
         try:
-            self._control.repository_token = token_file.read_text().strip()
+            repository_token = token_file.read_text().strip()
         except FileNotFoundError:
             raise PyTritonRuntimeError(
                 f"{token_file} is missing: the workspace must be the one the Triton at {self._control.url} "
                 "serves its model repository from, prepared by `kubetriton bootstrap`"
             ) from None
-        sockets = self._workspace / podenv.SOCKETS_SUBDIR
+        self._serve_through(repository_token, self._workspace / podenv.SOCKETS_SUBDIR, shm_dir / "kubetriton")
+
+    def _serve_through(self, repository_token: str, sockets: Path, arena_dir: Path) -> None:
+        """Serve the bound models through the running Triton whose repository token is given, with the
+        workers' sockets and arenas in these directories; keep the models loaded while it runs."""
+        assert self._control is not None
+        self._control.repository_token = repository_token
         sockets.mkdir(parents=True, exist_ok=True)
         arena_bytes = int(os.environ.get(podenv.ENV_ARENA_BYTES, podenv.DEFAULT_ARENA_BYTES))
-        self._transport = TransportSettings(sockets, shm_dir / "kubetriton", arena_bytes)
+        self._transport = TransportSettings(sockets, arena_dir, arena_bytes)
         threading.Thread(target=self._keep_models_loaded, name="kubetriton-model-keeper", daemon=True).start()
 
     def _keep_models_loaded(self) -> None:
@@ -721,6 +737,7 @@ class Triton(_Serving):
         if self._pod is None:
             self._check_local_config()
         self._server: LocalTritonServer | None = None
+        self._publication: tuple[Path, int] | None = None
         self._health: HealthServer | None = None
 
     def _refuse_what_a_pod_cannot_apply(
@@ -761,7 +778,7 @@ class Triton(_Serving):
             )
         own = {
             api
-            for group in podenv.restricted_api_groups("-", self._security.access_token, self._restricted())
+            for group in local_restricted_api_groups("-", self._security.access_token, self._restricted())
             for api in _restricted_apis(group)
         }
         for field in ("http_restricted_api", "grpc_restricted_protocol"):
@@ -801,6 +818,11 @@ class Triton(_Serving):
             )
 
     def _leave_triton(self) -> None:
+        if self._publication is not None:
+            record, lock = self._publication
+            record.unlink(missing_ok=True)
+            os.close(lock)
+            self._publication = None
         if self._server is not None:
             self._server.stop()
         elif self._pod is not None:
@@ -892,10 +914,11 @@ class Triton(_Serving):
             for spec, funcs in preloaded:
                 self._workers[spec.name] = self._prepare(spec, funcs)
                 extra_args.append(f"--load-model={spec.name}")
+        repository_token = secrets.token_urlsafe(24)
         self._server = LocalTritonServer(
             home,
             model_repository=self._model_repository,
-            repository_token=secrets.token_urlsafe(24),
+            repository_token=repository_token,
             access_token=self._security.access_token,
             protected_endpoints=self._restricted(),
             shm_prefix=shm_prefix,
@@ -913,6 +936,23 @@ class Triton(_Serving):
         self._server.start()
         for spec, _ in preloaded:
             self._apply_trace_settings(spec.name)
+        published = PublishedServer(
+            ports={
+                protocol: ports[name]
+                for protocol, name in (("http", "HTTP"), ("grpc", "gRPC"))
+                if enabled[name]
+            },
+            model_repository=str(self._model_repository),
+            runtime=str(self._runtime),
+            sockets=str(sockets),
+            arena_dir=str(self._transport.arena_dir),
+            repository_token=repository_token,
+            access_token=self._security.access_token,
+        )
+        try:
+            self._publication = publish(published)
+        except (OSError, PyTritonRuntimeError) as error:
+            LOGGER.warning("RemoteTriton of other processes cannot find this server: %s", error)
 
     def _start_attached(self) -> None:
         settings = self._pod
@@ -952,25 +992,30 @@ def _local_address(bound: str | None) -> str:
 
 
 class RemoteTriton(_Serving):
-    """Binds callables to a Triton that runs already, elsewhere: kubetriton's attach mode, which `Triton()`
-    uses inside a pod, for any Triton prepared like the pod's sidecar.
+    """Binds callables to a Triton that runs already: one that a `Triton()` of this user serves on this
+    machine (PyTriton's remote mode between two scripts), or any Triton prepared like the pod's sidecar
+    (kubetriton's attach mode, which `Triton()` uses inside a pod).
 
-    That Triton must run with kubetriton's arguments (explicit model control, its model repository in
-    `<workspace>/models`, the repository token from `<workspace>/repository-token` on the model-repository
-    API) and find the proxy's runtime, all of which `kubetriton bootstrap --workspace <workspace>` prepares.
-    The workspace must be the same directory for both, and the shared-memory directory
-    (`KUBETRITON_SHM_DIR`, default /dev/shm) too: sockets and tensors pass through them, so the two run on
-    one machine (in one pod, or containers sharing both volumes). `url` is how this process reaches
-    Triton's HTTP or gRPC endpoint, and `access_token` what its protected endpoints demand.
+    Without a `workspace` (nor `KUBETRITON_WORKSPACE`), a local `Triton()` listening at `url` is looked up
+    among the servers this user's processes publish (see `kubetriton.server`): its repository, sockets,
+    arenas and tokens are used. Otherwise the Triton must run with kubetriton's arguments (explicit model
+    control, its model repository in `<workspace>/models`, the repository token from
+    `<workspace>/repository-token` on the model-repository API) and find the proxy's runtime, all of which
+    `kubetriton bootstrap --workspace <workspace>` prepares (default workspace: /workspace, the pod's). The
+    workspace must be the same directory for both, and the shared-memory directory (`KUBETRITON_SHM_DIR`,
+    default /dev/shm) too: sockets and tensors pass through them, so the two run on one machine (in one pod,
+    or containers sharing both volumes). `url` is how this process reaches Triton's HTTP or gRPC endpoint,
+    and `access_token` what its protected endpoints demand.
     """
 
     def __init__(
         self, url: str, workspace: str | Path | None = None, access_token: str | None = None
     ) -> None:
-        self._url = parse_url(url).url
-        root = Path(workspace or os.environ.get(podenv.ENV_WORKSPACE, podenv.WORKSPACE_MOUNT))
+        self._endpoint = parse_url(url)
+        self._url = self._endpoint.url
+        self._workspace_given = workspace or os.environ.get(podenv.ENV_WORKSPACE)
         super().__init__(
-            workspace=root,
+            workspace=Path(self._workspace_given or podenv.WORKSPACE_MOUNT),
             lifecycle=DefaultTritonLifecyclePolicy,
             debug=os.environ.get("KUBETRITON_DEBUG") == "1",
         )
@@ -980,7 +1025,21 @@ class RemoteTriton(_Serving):
         self._control = TritonControl(self._url, access_token=self._access_token)
         LOGGER.info("Waiting for Triton at %s", self._url)
         self._control.wait_until_live(REMOTE_WAIT_S)
-        self._attach(Path(os.environ.get(podenv.ENV_SHM_DIR, podenv.SHM_MOUNT)))
+        local = None if self._workspace_given else find_published(self._endpoint)
+        if local is None:
+            if not self._workspace_given and not (self._workspace / podenv.REPOSITORY_TOKEN_FILE).is_file():
+                raise PyTritonRuntimeError(
+                    f"No Triton() of this user on this machine listens at {self._url}, and {self._workspace} "
+                    "is no workspace prepared by `kubetriton bootstrap`; for such a Triton elsewhere, give "
+                    "RemoteTriton(url, workspace=...)"
+                )
+            self._attach(Path(os.environ.get(podenv.ENV_SHM_DIR, podenv.SHM_MOUNT)))
+            return
+        LOGGER.info("Binding to the Triton() of this user at %s", self._url)
+        self._model_repository = Path(local.model_repository)
+        self._runtime = Path(local.runtime)
+        self._control.access_token = local.access_token
+        self._serve_through(local.repository_token, Path(local.sockets), Path(local.arena_dir))
 
     def _leave_triton(self) -> None:
         """Finish what is in flight, then unload the models: nothing is left in Triton to serve them."""

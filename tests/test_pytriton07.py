@@ -1,0 +1,260 @@
+"""Scripts and tests written for PyTriton 0.7 run unchanged: each test here does what such code does, as it
+is written for PyTriton, against a real local tritonserver. Where kubetriton deliberately differs, docs/api.md
+says so and the test asserts kubetriton's behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc
+import tritonclient.http
+from kubetriton.server import servers_dir
+from kubetriton.triton_home import locate
+from pytriton.client import ModelClient
+from pytriton.client.auth import create_auth_headers
+from pytriton.decorators import batch
+from pytriton.exceptions import PyTritonRuntimeError
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.model_config.common import ModelWarmup, WarmupInput
+from pytriton.triton import RemoteTriton, Triton, TritonConfig
+
+from tests.conftest import free_ports, plain_triton
+
+ROOT = Path(__file__).resolve().parent.parent
+REMOTE_MODE = ROOT / "examples" / "remote-mode"
+
+
+@pytest.fixture(scope="module")
+def local() -> Iterator[dict[str, Any]]:
+    """A local Triton() with PyTriton's default security: a generated access token."""
+    http, grpc, metrics = free_ports(3)
+    with Triton(config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics)) as triton:
+        yield {
+            "triton": triton,
+            "http": f"http://127.0.0.1:{http}",
+            "grpc": f"grpc://127.0.0.1:{grpc}",
+            "ports": (http, grpc),
+        }
+
+
+@batch
+def _double(x: np.ndarray) -> dict[str, np.ndarray]:
+    return {"y": x * 2}
+
+
+X = [Tensor(name="x", dtype=np.float32, shape=(-1,))]
+Y = [Tensor(name="y", dtype=np.float32, shape=(-1,))]
+
+
+def test_a_warmup_may_give_some_inputs_and_a_file_may_hold_the_batch(local, tmp_path: Path) -> None:
+    rows = np.arange(6, dtype=np.float32).reshape(3, 2)
+    np.save(tmp_path / "batch.npy", rows)
+    seen: list[dict[str, np.ndarray]] = []
+
+    @batch
+    def infer(**inputs: np.ndarray) -> dict[str, np.ndarray]:
+        seen.append(dict(inputs))
+        return {"y": inputs["a"].sum(axis=1, keepdims=True)}
+
+    warmup = ModelWarmup(
+        name="file-batch",
+        batch_size=3,
+        inputs={"a": WarmupInput(dtype=np.float32, shape=(2,), input_data_file=str(tmp_path / "batch.npy"))},
+        count=1,
+    )
+    local["triton"].bind(
+        "WarmedWithSomeInputs",
+        infer,
+        inputs=[
+            Tensor(name="a", dtype=np.float32, shape=(2,)),
+            Tensor(name="b", dtype=np.float32, shape=(2,)),
+        ],
+        outputs=[Tensor(name="y", dtype=np.float32, shape=(1,))],
+        config=ModelConfig(max_batch_size=4, model_warmup=[warmup]),
+    )
+    (warm,) = seen
+    assert set(warm) == {"a"}, "only the inputs the warm-up gives"
+    assert warm["a"].tolist() == rows.tolist(), "the file's batch, one sample per request, in order"
+    with ModelClient(local["http"], "WarmedWithSomeInputs") as client:
+        result = client.infer_sample(a=np.ones(2, np.float32), b=np.ones(2, np.float32))
+    assert result["y"].tolist() == [2.0]
+
+
+def test_a_warmup_file_of_fewer_samples_is_repeated_over_the_batch(local, tmp_path: Path) -> None:
+    np.save(tmp_path / "two.npy", np.array([[1.0], [2.0]], np.float32))
+    seen: list[list[float]] = []
+
+    @batch
+    def infer(x: np.ndarray) -> dict[str, np.ndarray]:
+        seen.append(x.ravel().tolist())
+        return {"y": x}
+
+    warmup = ModelWarmup(
+        "repeated", 5, {"x": WarmupInput(np.float32, (1,), input_data_file=str(tmp_path / "two.npy"))}, 1
+    )
+    local["triton"].bind(
+        "WarmedRepeated",
+        infer,
+        [Tensor(name="x", dtype=np.float32, shape=(1,))],
+        [Tensor(name="y", dtype=np.float32, shape=(1,))],
+        config=ModelConfig(max_batch_size=8, model_warmup=[warmup]),
+    )
+    assert seen == [[1.0, 2.0, 1.0, 2.0, 1.0]]
+
+
+def test_the_access_token_opens_the_model_repository_of_a_local_triton(local) -> None:
+    local["triton"].bind("Repository", _double, X, Y, config=ModelConfig(max_batch_size=4))
+    token = local["triton"].get_access_token()
+    assert token
+    http = tritonclient.http.InferenceServerClient(local["http"].removeprefix("http://"))
+    grpc = tritonclient.grpc.InferenceServerClient(local["grpc"].removeprefix("grpc://"))
+    try:
+        with pytest.raises(tritonclient.utils.InferenceServerException, match=r"403|[Pp]ermission"):
+            http.get_model_repository_index()
+        http_headers = create_auth_headers(token, "http")
+        grpc_headers = create_auth_headers(token, "grpc")
+        names = {model["name"] for model in http.get_model_repository_index(headers=http_headers)}
+        assert "Repository" in names
+        indexed = grpc.get_model_repository_index(headers=grpc_headers, as_json=True)
+        assert "Repository" in {model["name"] for model in indexed["models"]}
+        http.unload_model("Repository", headers=http_headers)
+        deadline = time.monotonic() + 30
+        while http.is_model_ready("Repository") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not http.is_model_ready("Repository")
+        grpc.load_model("Repository", headers=grpc_headers)
+        with ModelClient(local["grpc"], "Repository", init_timeout_s=30) as client:
+            assert client.infer_sample(np.array([1.5], np.float32))["y"].tolist() == [3.0]
+    finally:
+        http.close()
+        grpc.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_remote_triton_binds_to_a_local_triton_of_another_process(protocol: str) -> None:
+    """PyTriton's remote mode: one process serves `Triton()`, this one binds through `RemoteTriton(url)`."""
+    http, grpc, metrics = free_ports(3)
+    with _script(REMOTE_MODE / "server.py", _ports_env(http, grpc, metrics)) as server:
+        _wait_until_served(server, f"http://127.0.0.1:{http}", "AddSub")
+        url = f"localhost:{http}" if protocol == "http" else f"grpc://localhost:{grpc}"
+        with RemoteTriton(url=url) as remote:
+            remote.bind("Double", _double, X, Y, config=ModelConfig(max_batch_size=4))
+            for client_url in (f"http://127.0.0.1:{http}", f"grpc://127.0.0.1:{grpc}"):
+                with ModelClient(client_url, "Double", init_timeout_s=30) as client:
+                    assert client.infer_sample(np.array([2.0], np.float32))["y"].tolist() == [4.0]
+        probe = tritonclient.http.InferenceServerClient(f"127.0.0.1:{http}")
+        assert not probe.is_model_ready("Double"), "a stopped RemoteTriton unloads its models"
+        assert probe.is_model_ready("AddSub")
+        probe.close()
+
+
+def test_the_remote_mode_example_serves_over_http_and_grpc() -> None:
+    """examples/remote-mode: server.py starts Triton, bind_mul.py binds Mul from a second process, and
+    client.py queries both models over both protocols."""
+    http, grpc, metrics = free_ports(3)
+    env = _ports_env(http, grpc, metrics)
+    with _script(REMOTE_MODE / "server.py", env) as server:
+        _wait_until_served(server, f"http://127.0.0.1:{http}", "AddSub")
+        with _script(REMOTE_MODE / "bind_mul.py", {**env, "TRITON_URL": f"localhost:{http}"}) as mul:
+            _wait_until_served(mul, f"http://127.0.0.1:{http}", "Mul")
+            answer = subprocess.run(
+                [
+                    sys.executable,
+                    str(REMOTE_MODE / "client.py"),
+                    f"localhost:{http}",
+                    f"grpc://localhost:{grpc}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            ).stdout
+    for url in (f"localhost:{http}", f"grpc://localhost:{grpc}"):
+        assert f"{url} AddSub: add=[[3.0], [5.0]], sub=[[-1.0], [-1.0]]" in answer, answer
+        assert f"{url} Mul: mul=[[2.0], [6.0]]" in answer, answer
+
+
+def test_remote_triton_says_when_no_local_triton_listens_at_its_url(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("KUBETRITON_WORKSPACE", raising=False)
+    with plain_triton(locate(), tmp_path) as unpublished:
+        remote = RemoteTriton(url=f"localhost:{unpublished.http_port}")
+        with pytest.raises(
+            PyTritonRuntimeError, match=r"No Triton\(\) of this user on this machine listens at"
+        ):
+            remote.connect()
+
+
+def test_the_published_servers_are_private_to_the_user(local) -> None:
+    directory = servers_dir()
+    assert directory.stat().st_mode & 0o777 == 0o700
+    records = list(directory.glob("*.json"))
+    assert records and all(record.stat().st_mode & 0o777 == 0o600 for record in records)
+    directory.chmod(0o755)
+    try:
+        with pytest.raises(PyTritonRuntimeError, match="nobody else may use"):
+            servers_dir()
+    finally:
+        directory.chmod(0o700)
+
+
+def _ports_env(http: int, grpc: int, metrics: int) -> dict[str, str]:
+    return {
+        "PYTRITON_TRITON_CONFIG_HTTP_PORT": str(http),
+        "PYTRITON_TRITON_CONFIG_GRPC_PORT": str(grpc),
+        "PYTRITON_TRITON_CONFIG_METRICS_PORT": str(metrics),
+    }
+
+
+class _script:
+    """A Python script run in its own process, stopped with SIGINT (as a user stops it) on leaving."""
+
+    def __init__(self, path: Path, env: dict[str, str]) -> None:
+        self.path = path
+        self.env = {**os.environ, **env}
+
+    def __enter__(self) -> subprocess.Popen[str]:
+        self.process = subprocess.Popen(
+            [sys.executable, str(self.path)],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        return self.process
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.communicate()
+
+
+def _wait_until_served(process: subprocess.Popen[str], url: str, model: str) -> None:
+    client = tritonclient.http.InferenceServerClient(url.removeprefix("http://"))
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise AssertionError(f"{process.args} exited: {process.communicate()[0]}")
+            try:
+                if client.is_model_ready(model):
+                    return
+            except Exception:  # not up yet
+                pass
+            time.sleep(0.2)
+    finally:
+        client.close()
+    raise AssertionError(f"{model} was not served within 120 s")
