@@ -5,10 +5,12 @@ says so and the test asserts kubetriton's behaviour.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,12 +22,26 @@ import tritonclient.grpc
 import tritonclient.http
 from kubetriton.server import servers_dir
 from kubetriton.triton_home import locate
-from pytriton.client import ModelClient
+from pytriton.check.add_sub import add_sub_example, add_sub_example_thread
+from pytriton.check.utils import ScriptThread, find_free_port, search_warning_on_too_verbose_log_level
+from pytriton.client import DecoupledModelClient, ModelClient, PyTritonClientInferenceServerError
 from pytriton.client.auth import create_auth_headers
+from pytriton.client.exceptions import PyTritonClientInvalidUrlError, PyTritonClientTimeoutError
+from pytriton.client.utils import (
+    ModelState,
+    TritonUrl,
+    create_client_from_url,
+    get_model_config,
+    get_model_state,
+    wait_for_model_ready,
+    wait_for_server_ready,
+)
+from pytriton.client.warnings import NotSupportedTimeoutWarning
 from pytriton.decorators import batch
 from pytriton.exceptions import PyTritonRuntimeError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.model_config.common import ModelWarmup, WarmupInput
+from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
 from pytriton.triton import RemoteTriton, Triton, TritonConfig
 
 from tests.conftest import free_ports, plain_triton
@@ -50,6 +66,10 @@ def local() -> Iterator[dict[str, Any]]:
 @batch
 def _double(x: np.ndarray) -> dict[str, np.ndarray]:
     return {"y": x * 2}
+
+
+def _echo(requests):
+    yield [{"y": request["x"]} for request in requests]
 
 
 X = [Tensor(name="x", dtype=np.float32, shape=(-1,))]
@@ -205,6 +225,108 @@ def test_the_published_servers_are_private_to_the_user(local) -> None:
             servers_dir()
     finally:
         directory.chmod(0o700)
+
+
+def test_a_decoupled_client_sends_its_request_when_called(local) -> None:
+    received = threading.Event()
+    release = threading.Event()
+
+    def stream(requests):
+        received.set()
+        release.wait(30)
+        for step in range(2):
+            yield [{"y": request["x"] + step} for request in requests]
+
+    local["triton"].bind("Streamed", stream, X, Y, config=ModelConfig(max_batch_size=4, decoupled=True))
+    with DecoupledModelClient(local["grpc"], "Streamed", init_timeout_s=30) as client:
+        responses = client.infer_sample(np.array([1.0], np.float32))
+        assert received.wait(30), "the request reached the model before its responses were read"
+        with pytest.raises(PyTritonClientInferenceServerError, match="Inference is already in progress"):
+            client.infer_sample(np.array([2.0], np.float32))
+        release.set()
+        assert [response["y"].tolist() for response in responses] == [[1.0], [2.0]]
+        assert len(list(client.infer_batch(np.array([[3.0]], np.float32)))) == 2
+
+
+def test_a_client_of_the_wrong_kind_raises_an_inference_server_error(local) -> None:
+    local["triton"].bind("Coupled", _double, X, Y, config=ModelConfig(max_batch_size=4))
+    local["triton"].bind(
+        "Decoupled",
+        _echo,
+        X,
+        Y,
+        config=ModelConfig(max_batch_size=4, decoupled=True),
+    )
+    with (
+        ModelClient(local["http"], "Decoupled", init_timeout_s=30) as client,
+        pytest.raises(PyTritonClientInferenceServerError, match="is decoupled"),
+    ):
+        client.infer_sample(np.array([1.0], np.float32))
+    with (
+        DecoupledModelClient(local["grpc"], "Coupled", init_timeout_s=30) as client,
+        pytest.raises(PyTritonClientInferenceServerError, match="is not decoupled"),
+    ):
+        list(client.infer_sample(np.array([1.0], np.float32)))
+
+
+def test_pytritons_client_utils_wait_for_and_describe_a_model(local) -> None:
+    local["triton"].bind("Described", _double, X, Y, config=ModelConfig(max_batch_size=4))
+    assert TritonUrl.from_url("localhost") == TritonUrl("http", "localhost", 8000)
+    assert TritonUrl.from_url("grpc://example.com").with_scheme == "grpc://example.com:8001"
+    with pytest.raises(PyTritonClientInvalidUrlError):
+        create_client_from_url("ftp://localhost")
+    with pytest.warns(NotSupportedTimeoutWarning):
+        create_client_from_url(local["grpc"], network_timeout_s=10).close()
+    token = local["triton"].get_access_token()
+    for protocol in ("http", "grpc"):
+        client = create_client_from_url(local[protocol], network_timeout_s=10 if protocol == "http" else None)
+        headers = create_auth_headers(token, protocol)
+        try:
+            wait_for_server_ready(client, timeout_s=10)
+            wait_for_model_ready(client, "Described", timeout_s=10)
+            assert get_model_state(client, "Described", headers=headers) is ModelState.READY
+            assert get_model_state(client, "Described", "1", headers=headers) is ModelState.READY
+            assert get_model_state(client, "Unknown", headers=headers) is ModelState.UNAVAILABLE
+            config = get_model_config(client, "Described", timeout_s=10)
+            assert config.max_batch_size == 4 and [spec.name for spec in config.inputs] == ["x"]
+            with pytest.raises(PyTritonClientTimeoutError, match="Unknown/<latest> to be ready timed out"):
+                wait_for_model_ready(client, "Unknown", timeout_s=0.5)
+        finally:
+            client.close()
+
+
+def test_pytritons_triton_model_config_configures_a_client(local) -> None:
+    local["triton"].bind("Configured", _double, X, Y, config=ModelConfig(max_batch_size=4))
+    config = TritonModelConfig(
+        model_name="Configured",
+        inputs=[TensorSpec(name="x", shape=(-1,), dtype=np.float32)],
+        outputs=[TensorSpec(name="y", shape=(-1,), dtype=np.float32)],
+    )
+    assert config.backend == "python" and config.batching and config.model_version == 1
+    for protocol in ("http", "grpc"):
+        with ModelClient(local[protocol], "Configured", model_config=config, init_timeout_s=30) as client:
+            assert client.is_batching_supported
+            assert client.infer_sample(np.array([3.0], np.float32))["y"].tolist() == [6.0]
+
+
+def test_the_check_tools_serve_and_query_add_sub(tmp_path: Path, monkeypatch, caplog) -> None:
+    http, grpc, metrics = free_ports(3)
+    for name, value in _ports_env(http, grpc, metrics).items():
+        monkeypatch.setenv(name, value)
+    assert isinstance(find_free_port(), int)
+    logger = logging.getLogger("check")
+    with caplog.at_level(logging.INFO):
+        add_sub_example(tmp_path / "in-process", logger)
+        add_sub_example_thread(tmp_path / "script", logger)
+    assert caplog.text.count("add: [[2.0], [2.0]]") == 2, caplog.text
+    assert caplog.text.count("sub: [[0.0], [0.0]]") == 2
+    assert "The server script failed" not in caplog.text
+    assert search_warning_on_too_verbose_log_level(
+        "Triton at http://127.0.0.1:8000 logs verbosely (log_verbose_level=1), which slows inference down"
+    )
+    with ScriptThread([sys.executable, "-c", "print('hello')"], name="hello") as script:
+        pass
+    assert script.output == "hello" and script.returncode == 0
 
 
 def _ports_env(http: int, grpc: int, metrics: int) -> dict[str, str]:

@@ -22,6 +22,7 @@ _EXPORTS = {
     "PyTritonClientModelUnavailableError": "exceptions",
     "PyTritonClientQueueFullError": "exceptions",
     "PyTritonClientTimeoutError": "exceptions",
+    "PyTritonClientTransactionPolicyError": "exceptions",
     "PyTritonClientValueError": "exceptions",
     "TensorSpec": "triton_model_config",
     "TritonModelConfig": "triton_model_config",

@@ -26,6 +26,7 @@ from pytriton.client.exceptions import (
     PyTritonClientError,
     PyTritonClientInferenceServerError,
     PyTritonClientTimeoutError,
+    PyTritonClientTransactionPolicyError,
     PyTritonClientValueError,
 )
 from pytriton.client.triton_model_config import TritonModelConfig
@@ -136,12 +137,12 @@ def check_transaction_policy(config: TritonModelConfig, *, streaming: bool) -> N
     """A request-response client cannot read a decoupled model's responses, nor a streaming one a coupled
     model's; say so instead of letting the call hang or fail obscurely."""
     if config.decoupled and not streaming:
-        raise PyTritonClientValueError(
+        raise PyTritonClientTransactionPolicyError(
             f"Model {config.model_name} is decoupled (it streams responses): "
             "query it with DecoupledModelClient or AsyncioDecoupledModelClient over gRPC"
         )
     if streaming and not config.decoupled:
-        raise PyTritonClientValueError(
+        raise PyTritonClientTransactionPolicyError(
             f"Model {config.model_name} is not decoupled: query it with ModelClient, FuturesModelClient "
             "or AsyncioModelClient"
         )

@@ -62,7 +62,7 @@ class AsyncioModelClient(_protocol.ModelAddress):
         self._inference_timeout_s = (
             _protocol.DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else inference_timeout_s
         )
-        self._model_config = model_config
+        self._model_config = TritonModelConfig.of(model_config)
         self._model_ready = not ensure_model_is_ready
         self._access_token = access_token
         self._client: Any = None

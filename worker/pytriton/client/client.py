@@ -171,7 +171,7 @@ class ModelClient(_protocol.ModelAddress):
         self._inference_timeout_s = (
             _protocol.DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else inference_timeout_s
         )
-        self._model_config = model_config
+        self._model_config = TritonModelConfig.of(model_config)
         self._model_ready = not ensure_model_is_ready
         self._access_token = access_token
         self._lock = threading.RLock()
@@ -358,13 +358,50 @@ class ModelClient(_protocol.ModelAddress):
         )
 
 
+class _Stream:
+    """One streamed call over its own gRPC connection: the request is sent when the stream is opened, and
+    the responses queue up until they are read."""
+
+    def __init__(self, endpoint: Endpoint, headers: dict[str, str]) -> None:
+        self.responses: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
+        self.answered = False
+        self._client: Any = tritonclient.grpc.InferenceServerClient(endpoint.address, ssl=endpoint.ssl)
+        self._client.start_stream(lambda result, error: self.responses.put((result, error)), headers=headers)
+
+    def send(
+        self, config: TritonModelConfig, version: str, arrays: dict[str, np.ndarray], parameters: Any
+    ) -> None:
+        self._client.async_stream_infer(
+            config.model_name,
+            _protocol.triton_inputs(tritonclient.grpc, arrays, binary=False),
+            model_version=version,
+            outputs=_protocol.requested_outputs(tritonclient.grpc, config, binary=False),
+            request_id=_protocol.new_request_id(),
+            enable_empty_final_response=True,
+            parameters=dict(parameters) if parameters else None,
+        )
+
+    def end(self) -> None:
+        """Close the connection; once. A stream the server is still working on (the reader stopped early,
+        or a timeout) is cancelled; an answered one is closed gracefully, so the server sees a normal end."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.stop_stream(cancel_requests=not self.answered)
+            client.close()
+
+
 class _OpenStream(Iterator[dict[str, np.ndarray]]):
     """The responses of one streamed call. The client takes no other call while it is open: until its last
     response, an error, or until it is closed or dropped."""
 
-    def __init__(self, responses: Generator[dict[str, np.ndarray], None, None], release: Callable[[], None]):
+    def __init__(
+        self,
+        responses: Generator[dict[str, np.ndarray], None, None],
+        stream: _Stream,
+        release: Callable[[], None],
+    ) -> None:
         self._responses = responses
-        self._release = weakref.finalize(self, release)
+        self._end = weakref.finalize(self, _end_stream, stream, release)
 
     def __iter__(self) -> _OpenStream:
         return self
@@ -373,19 +410,24 @@ class _OpenStream(Iterator[dict[str, np.ndarray]]):
         try:
             return next(self._responses)
         except BaseException:
-            self._release()
+            self._end()
             raise
 
     def close(self) -> None:
         """Stop reading: a stream the server is still sending is cancelled."""
         self._responses.close()
-        self._release()
+        self._end()
+
+
+def _end_stream(stream: _Stream, release: Callable[[], None]) -> None:
+    stream.end()
+    release()
 
 
 class DecoupledModelClient(ModelClient):
-    """Client of a decoupled (streaming) model over gRPC: `infer_sample` and `infer_batch` return an
-    iterator over the model's responses, zero or more. The request is sent when iteration starts; each
-    call uses its own gRPC stream, so an error in one call never leaks into the next. A server error in
+    """Client of a decoupled (streaming) model over gRPC: `infer_sample` and `infer_batch` send the request
+    and return an iterator over the model's responses, zero or more. Each call uses its own gRPC stream, so
+    an error in one call never leaks into the next. A server error in
     the middle of a stream raises PyTritonClientInferenceServerError after the earlier responses.
 
     `inference_timeout_s` bounds the wait for each response, not the whole stream. One stream at a time: a
@@ -453,60 +495,59 @@ class DecoupledModelClient(ModelClient):
         *,
         batch: bool,
     ) -> _OpenStream:
+        """Send the request at once, as PyTriton does, and return the iterator over its responses."""
         if not self._stream_open.acquire(blocking=False):
             raise PyTritonClientInferenceServerError("Inference is already in progress")
         try:
             config, arrays = self._prepare(inputs, named_inputs, batch=batch)
+            self._check_open()
+            stream = self._send(config, arrays, parameters, headers)
         except BaseException:
             self._stream_open.release()
             raise
-        strip_batch_axis = config.batching and not batch
-        responses = self._stream(config, arrays, parameters, headers, strip_batch_axis=strip_batch_axis)
-        return _OpenStream(responses, self._stream_open.release)
+        responses = self._responses(stream, strip_batch_axis=config.batching and not batch)
+        return _OpenStream(responses, stream, self._stream_open.release)
 
-    def _stream(
+    def _send(
         self,
         config: TritonModelConfig,
         arrays: dict[str, np.ndarray],
         parameters: Mapping[str, Any] | None,
         headers: Mapping[str, str] | None,
-        *,
-        strip_batch_axis: bool,
-    ) -> Generator[dict[str, np.ndarray], None, None]:
-        self._check_open()
-        responses: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
-        client = tritonclient.grpc.InferenceServerClient(self._endpoint.address, ssl=self._endpoint.ssl)
-        answered = False
+    ) -> _Stream:
+        stream = None
         try:
-            client.start_stream(
-                lambda result, error: responses.put((result, error)), headers=self._headers(headers)
-            )
-            client.async_stream_infer(
-                config.model_name,
-                _protocol.triton_inputs(tritonclient.grpc, arrays, binary=False),
-                model_version=self._version,
-                outputs=_protocol.requested_outputs(tritonclient.grpc, config, binary=False),
-                request_id=_protocol.new_request_id(),
-                enable_empty_final_response=True,
-                parameters=dict(parameters) if parameters else None,
-            )
+            stream = _Stream(self._endpoint, self._headers(headers))
+            stream.send(config, self._version, arrays, parameters)
+        except Exception as error:
+            if stream is not None:
+                stream.end()
+            raise _protocol.translate_error(
+                error, endpoint=self._endpoint, model_name=self._model_name
+            ) from error
+        return stream
+
+    def _responses(
+        self, stream: _Stream, *, strip_batch_axis: bool
+    ) -> Generator[dict[str, np.ndarray], None, None]:
+        try:
             while True:
                 try:
-                    result, error = responses.get(timeout=self._inference_timeout_s)
+                    result, error = stream.responses.get(timeout=self._inference_timeout_s)
                 except queue.Empty:
                     raise PyTritonClientTimeoutError(
                         f"Model {self._model_name} sent no response within {self._inference_timeout_s:g} s"
                     ) from None
                 self._check_open()
                 if error is not None:
-                    answered = True
+                    stream.answered = True
                     raise _protocol.translate_error(
                         error, endpoint=self._endpoint, model_name=self._model_name
                     )
                 if _protocol.has_outputs(result):
                     yield _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
                 if _protocol.is_final_response(result):
-                    answered = True
+                    stream.answered = True
                     return
         except PyTritonClientError:
             raise
@@ -515,10 +556,7 @@ class DecoupledModelClient(ModelClient):
                 error, endpoint=self._endpoint, model_name=self._model_name
             ) from error
         finally:
-            # Cancel only a stream the server is still working on (the consumer stopped early, or a timeout);
-            # an answered one is closed gracefully so the server sees a normal end.
-            client.stop_stream(cancel_requests=not answered)
-            client.close()
+            stream.end()
 
 
 class FuturesModelClient(_protocol.ModelAddress):
@@ -551,7 +589,7 @@ class FuturesModelClient(_protocol.ModelAddress):
         self._model_version = model_version
         self._init_timeout_s = init_timeout_s
         self._inference_timeout_s = inference_timeout_s
-        self._model_config = model_config
+        self._model_config = TritonModelConfig.of(model_config)
         self._model_ready = not ensure_model_is_ready
         self._access_token = access_token
         self._max_workers = max_workers or min(32, (os.cpu_count() or 1) + 4)

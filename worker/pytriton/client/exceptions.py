@@ -43,5 +43,11 @@ class PyTritonClientInferenceServerError(PyTritonClientError):
     """The server reported an error, or could not be reached (the message then says "connection refused")."""
 
 
+class PyTritonClientTransactionPolicyError(PyTritonClientValueError, PyTritonClientInferenceServerError):
+    """The client kind does not fit the model: a request-response client of a decoupled model, or a
+    streaming client of a model that is not decoupled. Raised before anything is sent; it is also a
+    PyTritonClientInferenceServerError, which PyTriton raises once the server refused the request."""
+
+
 class PyTritonClientQueueFullError(PyTritonClientError):
     """A FuturesModelClient in non-blocking mode had no room left in its queue."""

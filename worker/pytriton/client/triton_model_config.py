@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tritonclient.utils import triton_to_np_dtype
+from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
+
+from pytriton.model_config import triton_model_config as written
+from pytriton.model_config.tensor import normalize_dtype
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,32 @@ class TritonModelConfig:
             inputs=tuple(_tensor_spec(tensor) for tensor in config.get("input", ())),
             outputs=tuple(_tensor_spec(tensor) for tensor in config.get("output", ())),
         )
+
+    @classmethod
+    def of(cls, config: TritonModelConfig | written.TritonModelConfig | None) -> TritonModelConfig | None:
+        """The configuration a client was given: this class, or PyTriton's `TritonModelConfig` (from
+        `pytriton.model_config.triton_model_config`), read as a server would serve it."""
+        if not isinstance(config, written.TritonModelConfig):
+            return config
+        return cls(
+            model_name=config.model_name,
+            model_version=str(config.model_version),
+            max_batch_size=config.max_batch_size if config.batching else 0,
+            decoupled=config.decoupled,
+            inputs=tuple(_written_tensor(tensor) for tensor in config.inputs or ()),
+            outputs=tuple(_written_tensor(tensor) for tensor in config.outputs or ()),
+        )
+
+
+def _written_tensor(tensor: written.TensorSpec) -> TensorSpec:
+    dtype = normalize_dtype(tensor.dtype)
+    return TensorSpec(
+        name=tensor.name,
+        shape=tuple(int(dim) for dim in tensor.shape),
+        dtype=dtype,
+        triton_dtype=np_to_triton_dtype(dtype),
+        optional=bool(tensor.optional),
+    )
 
 
 def _tensor_spec(tensor: Mapping[str, Any]) -> TensorSpec:
