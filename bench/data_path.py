@@ -214,24 +214,29 @@ def measure_limit(quick: bool) -> dict[str, float]:
         return run_workloads({"double": "native_double", "echo": "native_echo"}, quick)
 
 
+def bind_models(triton: Triton) -> None:
+    """kubetriton's side: the models "double" and "echo", batching as the limit's do."""
+    batching = ModelConfig(max_batch_size=MAX_BATCH)
+    triton.bind(
+        "double",
+        double,
+        [Tensor(name="x", shape=(-1,), dtype=np.float32)],
+        [Tensor(name="y", shape=(-1,), dtype=np.float32)],
+        config=batching,
+    )
+    triton.bind(
+        "echo",
+        echo,
+        [Tensor(name="text", shape=(-1,), dtype=bytes)],
+        [Tensor(name="out", shape=(-1,), dtype=bytes)],
+        config=batching,
+    )
+
+
 def measure_kubetriton(quick: bool) -> dict[str, float]:
     config = TritonConfig(http_port=HTTP, grpc_port=GRPC, metrics_port=METRICS, exit_timeout_secs=5)
-    batching = ModelConfig(max_batch_size=MAX_BATCH)
     with Triton(config=config) as triton:
-        triton.bind(
-            "double",
-            double,
-            [Tensor(name="x", shape=(-1,), dtype=np.float32)],
-            [Tensor(name="y", shape=(-1,), dtype=np.float32)],
-            config=batching,
-        )
-        triton.bind(
-            "echo",
-            echo,
-            [Tensor(name="text", shape=(-1,), dtype=bytes)],
-            [Tensor(name="out", shape=(-1,), dtype=bytes)],
-            config=batching,
-        )
+        bind_models(triton)
         return run_workloads({"double": "double", "echo": "echo"}, quick)
 
 

@@ -90,6 +90,10 @@ class Arena:
     def used_bytes(self) -> int:
         return sum(self._used.values())
 
+    @property
+    def used_blocks(self) -> int:
+        return len(self._used)
+
     def allocate(self, nbytes: int) -> int:
         """Reserve `nbytes` and return the offset; raise ArenaFullError when no free range fits."""
         need = max(ALIGNMENT, -(-nbytes // ALIGNMENT) * ALIGNMENT)

@@ -26,6 +26,7 @@ import socket
 import threading
 import time
 import traceback
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -247,10 +248,24 @@ class Peer:
     hop: Hop
     arenas: tuple[Arena, Arena] | None = None
     """Its request arena (read-only) and response arena, mapped when its first message names them."""
+    held: set[int] = field(default_factory=set)
+    """Blocks of its request arena that decoded inputs still pin."""
     released: list[int] = field(default_factory=list)
     """Blocks of its request arena that callables let go of, told with the next reply."""
     cancelled: int | None = None
     """The id of its stream whose clients all cancelled."""
+
+    def release(self, offset: int) -> None:
+        """An input no longer pins its request block: tell the proxy with the next reply."""
+        self.held.discard(offset)
+        self.released.append(offset)
+
+    @property
+    def blocks_in_use(self) -> int:
+        """Its arena blocks that are not free: request blocks held or not yet told free, and response
+        blocks the proxy has not released."""
+        responses = self.arenas[1].used_blocks if self.arenas else 0
+        return len(self.held) + len(self.released) + responses
 
     def close(self) -> None:
         for arena in self.arenas or ():
@@ -306,11 +321,18 @@ class InstanceServer(threading.Thread):
         self.requests = 0
         self.failures = 0
         self.busy_seconds = 0.0
+        _INSTANCES.add(self)
 
     @property
     def attached(self) -> bool:
         """True while a proxy instance is connected to this instance's ZeroMQ socket."""
         return self.connections > 0
+
+    @property
+    def arena_blocks(self) -> int:
+        """The arena blocks of its proxy instances that are not free now; read when sampled, never on the
+        data path."""
+        return sum(peer.blocks_in_use for peer in list(self._peers.values()))
 
     def stop(self) -> None:
         self._stopping.set()
@@ -451,10 +473,12 @@ class InstanceServer(threading.Thread):
         self, peer: Peer, header: dict[str, Any], data: list[memoryview], arena: Arena
     ) -> list[Request]:
         requests = []
-        release = peer.released.append
+        release = peer.release
         for entry in header["requests"]:
             inputs = {}
             for descriptor in entry["inputs"]:
+                if descriptor[3] == "a":
+                    peer.held.add(descriptor[4])
                 name, array = decode_tensor(descriptor, data, arena, release)
                 inputs[name] = array
             raw = entry.get("parameters")  # left out when the request has none
@@ -581,6 +605,16 @@ class InstanceServer(threading.Thread):
                 arena.free(offset)
             raise ArenaFullError(f"Model '{self.spec.name}' response does not fit: {error}") from None
         return {"responses": encoded}, frames
+
+
+_INSTANCES: weakref.WeakSet[InstanceServer] = weakref.WeakSet()
+"""Every instance server of this process, for `arena_blocks_in_use`."""
+
+
+def arena_blocks_in_use() -> int:
+    """Arena blocks not free now, over every model and instance this process serves: what a soak samples
+    to tell a leak from blocks in flight."""
+    return sum(instance.arena_blocks for instance in list(_INSTANCES))
 
 
 _PLAIN_RESULTS = (list, tuple, dict)
