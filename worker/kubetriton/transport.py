@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import json
+import math
 import mmap
 import os
 import select
@@ -43,7 +45,7 @@ INLINE_LIMIT = 64 * 1024
 """Tensors up to this many bytes travel as message frames; larger ones go through an arena."""
 ALIGNMENT = 64
 BYTES = "BYTES"
-"""The dtype tag of string tensors, serialized as 4-byte little-endian lengths followed by the bytes."""
+"""The dtype tag of string tensors (see `serialize_bytes`)."""
 
 PARAM_ADDRESS = "kubetriton.address"
 PARAM_HOP_PATH = "kubetriton.hop_path"
@@ -53,7 +55,7 @@ PARAM_INLINE_LIMIT = "kubetriton.inline_limit"
 """config.pbtxt parameters through which the worker tells each proxy instance where to find it."""
 
 _LENGTH = struct.Struct("<I")
-"""A 4-byte little-endian count: a BYTES element's length, a hop message's frame count."""
+"""A 4-byte little-endian count: a hop message's frame count."""
 
 HOP_DATAGRAM_BYTES = 128 * 1024
 """A hop message longer than this travels as several datagrams: one datagram must fit the socket's
@@ -253,25 +255,24 @@ def decode_header(frame: bytes | memoryview) -> dict[str, Any]:
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:
-    """Triton's BYTES layout: each element as a 4-byte little-endian length and its bytes."""
-    parts = []
-    for item in array.ravel(order="C").tolist():
-        data = item.encode() if isinstance(item, str) else bytes(item)
-        parts.append(_LENGTH.pack(len(data)))
-        parts.append(data)
-    return b"".join(parts)
+    """The elements' lengths as 4-byte little-endian integers, then their bytes back to back.
+
+    Lengths first, rather than Triton's layout of each length before its element, let both sides work
+    in whole-list calls (one join here, one map of slices in `deserialize_bytes`) instead of a Python
+    step per element: strings cost the hop a serialization and a deserialization each way."""
+    items = array.ravel(order="C").tolist()
+    if not all(type(item) is bytes for item in items):
+        items = [item.encode() if isinstance(item, str) else bytes(item) for item in items]
+    return struct.pack(f"<{len(items)}I", *map(len, items)) + b"".join(items)
 
 
 def deserialize_bytes(buffer: bytes | memoryview, shape: Sequence[int]) -> np.ndarray:
+    count = math.prod(shape)
     view = memoryview(buffer)
-    count = int(np.prod(shape)) if len(shape) else 1
+    ends = list(itertools.accumulate(struct.unpack_from(f"<{count}I", view)))
+    data = bytes(view[4 * count :])
     items = np.empty(count, dtype=object)
-    position = 0
-    for index in range(count):
-        (length,) = _LENGTH.unpack_from(view, position)
-        position += 4
-        items[index] = bytes(view[position : position + length])
-        position += length
+    items[:] = list(map(data.__getitem__, map(slice, [0, *ends[:-1]], ends)))
     return items.reshape(shape)
 
 
