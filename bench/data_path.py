@@ -4,11 +4,14 @@ Both sides run in the same tritonserver binary with the same arguments, one afte
 the same workloads through the same tritonclient calls, made from a separate client process:
 
   W1  [1,16] float32, sequential: p50 and p99 latency over HTTP and gRPC
-  W2  16 concurrent gRPC clients, dynamic batching: requests per second
+  W2  16 concurrent clients, dynamic batching: requests per second over HTTP and gRPC
   W3  16 MiB and 64 MiB float32 round trips over HTTP: MB/s
-  W4  32 strings of about 400 bytes, echoed, sequential over HTTP: p50 latency
+  W4  32 strings of about 400 bytes, echoed, sequential: p50 latency over HTTP and gRPC
 
-Usage: python bench/data_path.py [--quick] [--json results.json]
+With --instances 2, the model of W1-W3 runs as two instances on both sides (two stubs for the limit,
+two proxy instances and worker threads for kubetriton).
+
+Usage: python bench/data_path.py [--quick] [--instances N] [--json results.json]
 It prints every figure and the ratio kubetriton / limit (for latency, lower is better).
 """
 
@@ -64,11 +67,11 @@ class TritonPythonModel:
 """
 
 
-def native_config(name: str, input_name: str, output_name: str, data_type: str) -> str:
+def native_config(name: str, input_name: str, output_name: str, data_type: str, instances: int = 1) -> str:
     return (
         f'name: "{name}"\nbackend: "python"\nmax_batch_size: {MAX_BATCH}\n'
         "dynamic_batching { max_queue_delay_microseconds: 0 }\n"
-        "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+        f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n"
         f'input [ {{ name: "{input_name}" data_type: {data_type} dims: [ -1 ] }} ]\n'
         f'output [ {{ name: "{output_name}" data_type: {data_type} dims: [ -1 ] }} ]\n'
     )
@@ -121,7 +124,10 @@ def client_workloads(models: dict[str, str], quick: bool) -> dict[str, float]:
             figures[f"W1 {protocol} p50 ms"] = statistics.quantiles(samples, n=100)[49] * 1000
             figures[f"W1 {protocol} p99 ms"] = statistics.quantiles(samples, n=100)[98] * 1000
 
-        figures["W2 16 clients req/s"] = concurrent_throughput(models["double"], 2.0 if quick else 6.0)
+        for protocol, module, port in (("http", httpclient, HTTP), ("grpc", grpcclient, GRPC)):
+            figures[f"W2 {protocol} 16 clients req/s"] = concurrent_throughput(
+                models["double"], module, port, 2.0 if quick else 6.0
+            )
 
         for mib in (16, 64):
             big = np.random.default_rng(mib).standard_normal((1, mib * 1024 * 1024 // 4)).astype(np.float32)
@@ -134,22 +140,23 @@ def client_workloads(models: dict[str, str], quick: bool) -> dict[str, float]:
             figures[f"W3 {mib} MiB MB/s"] = (2 * big.nbytes / 1e6) / statistics.median(samples)
 
         strings = np.array([[secrets.token_bytes(400) for _ in range(32)]], dtype=object)
-        inputs = [http_input("text", strings)]
-        samples = timed(lambda: http.infer(models["echo"], inputs), count // 2, count // 20)
-        figures["W4 strings p50 ms"] = statistics.median(samples) * 1000
+        for protocol, client, module in (("http", http, httpclient), ("grpc", grpc, grpcclient)):
+            inputs = [http_input("text", strings, module)]
+            samples = timed(functools.partial(client.infer, models["echo"], inputs), count // 2, count // 20)
+            figures[f"W4 {protocol} strings p50 ms"] = statistics.median(samples) * 1000
     finally:
         http.close()
         grpc.close()
     return figures
 
 
-def concurrent_throughput(model: str, seconds: float, clients: int = 16) -> float:
+def concurrent_throughput(model: str, module, port: int, seconds: float, clients: int = 16) -> float:
     done = [0] * clients
     stop = threading.Event()
 
     def loop(index: int) -> None:
-        client = grpcclient.InferenceServerClient(f"localhost:{GRPC}")
-        inputs = [http_input("x", np.ones((1, 16), np.float32), grpcclient)]
+        client = module.InferenceServerClient(f"localhost:{port}")
+        inputs = [http_input("x", np.ones((1, 16), np.float32), module)]
         try:
             while not stop.is_set():
                 client.infer(model, inputs)
@@ -205,21 +212,22 @@ def plain_triton(models: dict[str, tuple[str, str]]) -> Iterator[None]:
             server.stop()
 
 
-def measure_limit(quick: bool) -> dict[str, float]:
+def measure_limit(quick: bool, instances: int) -> dict[str, float]:
     models = {
-        "native_double": (NATIVE_DOUBLE, native_config("native_double", "x", "y", "TYPE_FP32")),
+        "native_double": (NATIVE_DOUBLE, native_config("native_double", "x", "y", "TYPE_FP32", instances)),
         "native_echo": (NATIVE_ECHO, native_config("native_echo", "text", "out", "TYPE_STRING")),
     }
     with plain_triton(models):
         return run_workloads({"double": "native_double", "echo": "native_echo"}, quick)
 
 
-def bind_models(triton: Triton) -> None:
-    """kubetriton's side: the models "double" and "echo", batching as the limit's do."""
+def bind_models(triton: Triton, instances: int = 1) -> None:
+    """kubetriton's side: the models "double" (with `instances` instances) and "echo", batching as the
+    limit's do."""
     batching = ModelConfig(max_batch_size=MAX_BATCH)
     triton.bind(
         "double",
-        double,
+        [double] * instances,
         [Tensor(name="x", shape=(-1,), dtype=np.float32)],
         [Tensor(name="y", shape=(-1,), dtype=np.float32)],
         config=batching,
@@ -233,10 +241,10 @@ def bind_models(triton: Triton) -> None:
     )
 
 
-def measure_kubetriton(quick: bool) -> dict[str, float]:
+def measure_kubetriton(quick: bool, instances: int) -> dict[str, float]:
     config = TritonConfig(http_port=HTTP, grpc_port=GRPC, metrics_port=METRICS, exit_timeout_secs=5)
     with Triton(config=config) as triton:
-        bind_models(triton)
+        bind_models(triton, instances)
         return run_workloads({"double": "double", "echo": "echo"}, quick)
 
 
@@ -245,13 +253,14 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="fewer samples, for a smoke run")
+    parser.add_argument("--instances", type=int, default=1, help="instances of the W1-W3 model")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
-    limit = measure_limit(args.quick)
-    ours = measure_kubetriton(args.quick)
-    print(f"{'figure':<22}{'limit':>12}{'kubetriton':>12}{'ratio':>8}")
+    limit = measure_limit(args.quick, args.instances)
+    ours = measure_kubetriton(args.quick, args.instances)
+    print(f"{'figure':<28}{'limit':>12}{'kubetriton':>12}{'ratio':>8}")
     for key, value in limit.items():
-        print(f"{key:<22}{value:>12.3f}{ours[key]:>12.3f}{ours[key] / value:>8.2f}")
+        print(f"{key:<28}{value:>12.3f}{ours[key]:>12.3f}{ours[key] / value:>8.2f}")
     if args.json:
         args.json.write_text(json.dumps({"limit": limit, "kubetriton": ours}, indent=2) + "\n")
     return 0
