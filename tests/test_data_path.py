@@ -39,6 +39,13 @@ def echo_bytes(requests):
     return [{"out": request["text"]} for request in requests]
 
 
+def decodes_text(requests):
+    return [
+        {"out": np.array([[item.decode() for item in row] for row in request["text"]])}
+        for request in requests
+    ]
+
+
 def fails(requests):
     raise ValueError("the model cannot do that")
 
@@ -81,6 +88,13 @@ def server() -> Iterator[dict[str, str]]:
                 "echo_bytes",
                 echo_bytes,
                 [Tensor(name="text", shape=(-1,), dtype=object)],
+                [Tensor(name="out", shape=(-1,), dtype=bytes)],
+                config=batching,
+            )
+            triton.bind(
+                "decodes_text",
+                decodes_text,
+                [Tensor(name="text", shape=(-1,), dtype=bytes)],
                 [Tensor(name="out", shape=(-1,), dtype=bytes)],
                 config=batching,
             )
@@ -164,6 +178,13 @@ def test_bytes_round_trip_keeps_trailing_nuls(server, protocol):
     text = np.array([[b"\xff\x00", b"", b"plain", b"tail\x00\x00"]], dtype=object)
     out = infer(server, protocol, "echo_bytes", {"text": text})["out"]
     assert out.dtype == object
+    assert out.tolist() == text.tolist()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_str_outputs_reach_the_client_as_their_utf8_bytes(server, protocol):
+    text = np.array([["żółw".encode(), b"", b"plain"], [b"a", "\u00e9t\u00e9".encode(), b"zz"]], dtype=object)
+    out = infer(server, protocol, "decodes_text", {"text": text})["out"]
     assert out.tolist() == text.tolist()
 
 
