@@ -285,6 +285,7 @@ def test_triton_command_passes_the_tokens_from_the_workspace_files(tmp_path: Pat
         f"--grpc-max-connection-age={podenv.GRPC_MAX_CONNECTION_AGE_S * 1000}",
         "--grpc-max-connection-age-grace=45000",
         f"--cache-config={podenv.DEFAULT_CACHE_CONFIG}",
+        pod.LATENCY_SUMMARIES,
         "--log-info=true",
         "--id=a b",
     ]
@@ -332,6 +333,13 @@ def test_triton_gets_the_default_response_cache_unless_the_user_configures_one()
     own = model_with(triton={"args": ["--cache-config=local,size=1048576"]})
     script = pod.triton_command(own.spec)[2]
     assert shlex.quote(default) not in script and "--cache-config=local,size=1048576" in script
+
+
+def test_triton_reports_latency_quantiles_unless_the_user_turns_them_off() -> None:
+    assert pod.LATENCY_SUMMARIES in pod.triton_arguments(model_with().spec)
+    off = "--metrics-config=summary_latencies=false"
+    arguments = pod.triton_arguments(model_with(triton={"args": [off]}).spec)
+    assert pod.LATENCY_SUMMARIES not in arguments and arguments[-1] == off
 
 
 def test_triton_does_not_start_without_the_token_file(tmp_path: Path) -> None:

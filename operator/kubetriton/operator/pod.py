@@ -50,6 +50,11 @@ def _quote_with_tokens(argument: str) -> str:
     )
 
 
+LATENCY_SUMMARIES = "--metrics-config=summary_latencies=true"
+"""Triton's latency quantiles (nv_inference_request_summary_us), which the dashboard's p50/p99 panels read;
+a model's own `--metrics-config=summary_latencies=...` argument replaces it."""
+
+
 def triton_arguments(spec: PyTritonModelSpec) -> list[str]:
     """tritonserver's arguments in the sidecar, the repository and access tokens as placeholders."""
     arguments = podenv.tritonserver_args(
@@ -66,6 +71,8 @@ def triton_arguments(spec: PyTritonModelSpec) -> list[str]:
     ]
     if not any(argument.startswith("--cache-config") for argument in spec.triton.args):
         arguments.append(f"--cache-config={podenv.DEFAULT_CACHE_CONFIG}")
+    if not any(argument.startswith("--metrics-config=summary_latencies") for argument in spec.triton.args):
+        arguments.append(LATENCY_SUMMARIES)
     return [*arguments, *spec.triton.args]
 
 
