@@ -18,7 +18,7 @@ import kopf
 import pytest
 from conftest import eventually
 from emulator import ALL_VERBS, ClusterEmulator
-from kubetriton.operator import leader
+from kubetriton.operator import leader, runtime
 from kubetriton.operator.kube import KubeApi, KubeError
 from test_operator_cli import free_port, health, write_kubeconfig
 from test_operator_reconciler import MODELS, create_model, model_document, patch, stored
@@ -257,3 +257,43 @@ async def test_only_the_leader_writes_and_a_frozen_leader_steps_down_without_wri
         assert status == 200 and body["standby"] is True
     assert "lost the Lease" in leader_.log and "stepping down" in leader_.log
     assert took_over < 20
+
+
+async def test_a_leader_started_again_under_its_identity_takes_its_lease_back_at_once(
+    cluster: ClusterEmulator,
+) -> None:
+    serve_leases(cluster)
+    async with Candidate(cluster, "a") as a, Candidate(cluster, "b") as b:
+        await a.elector.acquire()
+        waiting = asyncio.create_task(b.elector.acquire())
+        await asyncio.sleep(FAST.retry_period)  # b has seen the Lease; a stops, as when it steps down
+        async with Candidate(cluster, "a") as again:
+            started = time.monotonic()
+            await again.elector.acquire()
+            assert time.monotonic() - started < FAST.lease_duration / 2
+            assert again.elector.leading() and not waiting.done()
+            spec = lease(cluster)["spec"]
+            assert (spec["holderIdentity"], spec["leaseTransitions"]) == ("a", 0)
+            await again.elector.release()
+        await asyncio.wait_for(waiting, FAST.lease_duration)
+        await b.elector.release()
+
+
+async def test_a_leader_steps_down_into_a_process_with_its_identity_and_its_outage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started: list[tuple[str, list[str], dict[str, str]]] = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: started.append((path, argv, dict(os.environ))))
+    monkeypatch.delenv(runtime.IDENTITY_ENV, raising=False)
+    monkeypatch.delenv(runtime.OUTAGE_ENV, raising=False)
+    outages = runtime.ApiOutages(verbose=False)
+    assert outages.failed("no answer") is not None
+    runtime.step_down("pod-0_1234abcd", outages)
+    ((path, argv, env),) = started
+    assert (path, argv) == (sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    assert env[runtime.IDENTITY_ENV] == "pod-0_1234abcd"
+    inherited = runtime.ApiOutages(verbose=False, since=float(env[runtime.OUTAGE_ENV]))
+    assert inherited.failed("no answer") is None, "the outage was already reported"
+    assert outages.since is not None
+    lasted = time.monotonic() - outages.since
+    assert inherited.answered() == f"the API server answers again, after {lasted:.0f} s"

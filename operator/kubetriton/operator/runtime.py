@@ -10,7 +10,11 @@ With leader election, a replica runs kopf only once it holds the Lease, and a st
 endpoint answers 200: readiness must not depend on leadership, or a PodDisruptionBudget would count
 every standby as unavailable and block node drains. A leader that loses the Lease steps down by
 starting its own process again (`exec`): every request it had begun ends with it, at once, which
-stopping kopf from the inside could not promise while a connection hangs.
+stopping kopf from the inside could not promise while a connection hangs. The new process keeps the
+old one's identity, so that once the API server answers it takes the Lease back at once if nobody
+else took it (a frozen API server's backlog otherwise makes the Lease look renewed at the thaw, and
+every candidate waits a whole lease duration), and it knows an outage was going on, so that the
+outage stays one WARNING.
 
 An API server that stops answering would otherwise cost a log line at ERROR for every retry of
 every watch; `ApiOutages` turns that into one WARNING when it starts and one INFO when it ends.
@@ -43,6 +47,12 @@ from kubetriton.operator.reconciler import (
 
 logger = logging.getLogger(__name__)
 
+IDENTITY_ENV = "KUBETRITON_LEASE_IDENTITY"
+"""Set by a leader that steps down for the process it starts: its identity in the Lease."""
+OUTAGE_ENV = "KUBETRITON_API_OUTAGE_SINCE"
+"""Set by a leader that steps down during an outage: when the outage began (`time.monotonic()`, which
+is the machine's clock since boot and carries over `exec`)."""
+
 Health = Callable[[], tuple[int, dict[str, Any]]]
 """The health endpoint's HTTP status and answer, as of now."""
 
@@ -72,23 +82,24 @@ class ApiOutages(logging.Filter):
     RETRYING = " failed; will retry: "
     SUCCEEDED = " succeeded: "
 
-    def __init__(self, verbose: bool) -> None:
+    def __init__(self, verbose: bool, since: float | None = None) -> None:
+        """`since`: when an outage that is still going on began (one a previous process reported)."""
         super().__init__()
         self.verbose = verbose
-        self._since: float | None = None
+        self.since = since
 
     def failed(self, reason: str) -> str | None:
         """A request got no answer or a server error: what to say when this starts an outage."""
-        if self._since is not None:
+        if self.since is not None:
             return None
-        self._since = time.monotonic()
+        self.since = time.monotonic()
         return f"the API server does not answer, retrying until it does: {reason}"
 
     def answered(self) -> str | None:
         """A request succeeded: what to say when this ends an outage."""
-        if self._since is None:
+        if self.since is None:
             return None
-        lasted, self._since = time.monotonic() - self._since, None
+        lasted, self.since = time.monotonic() - self.since, None
         return f"the API server answers again, after {lasted:.0f} s"
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -120,9 +131,13 @@ class QuietWatchHandlers(logging.Filter):
         return record.levelno != logging.INFO or record.getMessage() not in self._lines
 
 
-def step_down() -> None:
-    """Start this process again, as a standby: nothing it had begun can still be written."""
+def step_down(identity: str, outages: ApiOutages) -> None:
+    """Start this process again, as a standby under the same identity: nothing it had begun can still be
+    written."""
     logger.warning("stepping down: starting again as a standby")
+    os.environ[IDENTITY_ENV] = identity
+    if outages.since is not None:
+        os.environ[OUTAGE_ENV] = repr(outages.since)
     for handler in logging.getLogger().handlers:
         handler.flush()
     os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
@@ -136,12 +151,14 @@ async def candidate(args: argparse.Namespace, outages: ApiOutages) -> leader.Ele
         raise SystemExit("leader election needs a service account or a kubeconfig")
     api = KubeApi(timeout=args.renew_deadline)
     await api.connect(info)
+    identity = os.environ.pop(IDENTITY_ENV, None) or leader.default_identity()
     return leader.Elector(
         api,
         args.lease_namespace or info.default_namespace or "default",
         args.lease_name,
+        identity=identity,
         timings=leader.Timings(args.lease_duration, args.renew_deadline, args.retry_period),
-        on_lost=step_down,
+        on_lost=lambda: step_down(identity, outages),
         on_failure=lambda reason: _say(logging.WARNING, outages.failed(reason)),
         on_answer=lambda: _say(logging.INFO, outages.answered()),
     )
@@ -218,7 +235,8 @@ async def serve(args: argparse.Namespace, outages: ApiOutages) -> None:
 
 def run(args: argparse.Namespace) -> None:
     kopf.configure(verbose=args.verbose, log_prefix=True)
-    outages = ApiOutages(verbose=args.verbose)
+    inherited = os.environ.pop(OUTAGE_ENV, None)
+    outages = ApiOutages(verbose=args.verbose, since=float(inherited) if inherited else None)
     for handler in logging.getLogger().handlers:
         handler.addFilter(outages)
     logging.getLogger("kopf._cogs.clients").setLevel(logging.DEBUG)
