@@ -66,8 +66,8 @@ def serve(control: Connection, ports: tuple[int, int, int]) -> None:
 
 def client(index: int, deadline: float, ports: tuple[int, int, int], results: Connection) -> None:
     """One client until `deadline`: even indexes speak HTTP, odd ones gRPC; indexes 0, 1 (mod 4) use
-    tritonclient, 2, 3 use ModelClient. Of every 16 requests one carries 4 MiB, seven strings, eight 16
-    floats. Sends (answered, failed, wrong, first problem) when done."""
+    tritonclient, 2, 3 use ModelClient. Of every 16 requests one carries 4 MiB, eight 32 strings of up to
+    800 bytes, seven 16 floats. Sends (answered, failed, wrong, first problem) when done."""
     protocol = "http" if index % 2 == 0 else "grpc"
     port = ports[0] if protocol == "http" else ports[1]
     call = (_tritonclient_calls if index % 4 < 2 else _model_client_calls)(protocol, port)
