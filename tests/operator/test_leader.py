@@ -284,8 +284,9 @@ async def test_a_leader_steps_down_into_a_process_with_its_identity_and_its_outa
 ) -> None:
     started: list[tuple[str, list[str], dict[str, str]]] = []
     monkeypatch.setattr(os, "execv", lambda path, argv: started.append((path, argv, dict(os.environ))))
-    monkeypatch.delenv(runtime.IDENTITY_ENV, raising=False)
-    monkeypatch.delenv(runtime.OUTAGE_ENV, raising=False)
+    for name in (runtime.IDENTITY_ENV, runtime.OUTAGE_ENV):  # what step_down sets is undone afterwards
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     outages = runtime.ApiOutages(verbose=False)
     assert outages.failed("no answer") is not None
     runtime.step_down("pod-0_1234abcd", outages)
