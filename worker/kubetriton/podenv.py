@@ -132,11 +132,21 @@ class AttachSettings:
 
 
 def restricted_api_groups(
-    repository_token: str, access_token: str | None, protected_endpoints: Sequence[str]
+    repository_token: str,
+    access_token: str | None,
+    protected_endpoints: Sequence[str],
+    *,
+    access_token_opens_repository: bool = False,
 ) -> list[str]:
     """Triton's restricted-API groups (`<apis>:<header>=<value>`): the model-repository API behind the
     repository token, every other protected endpoint behind the access token. Triton lets an API belong to
-    one group only."""
+    one group only.
+
+    `access_token_opens_repository`: a local server belongs to its user, so when the security config
+    protects the model repository, the access token opens it with the other protected endpoints (and
+    kubetriton manages models with that token too). In a pod the repository stays private to the pod."""
+    if access_token_opens_repository and access_token and "model-repository" in protected_endpoints:
+        return [f"{','.join(protected_endpoints)}:{ACCESS_TOKEN_HEADER}={access_token}"]
     groups = [f"model-repository:{REPOSITORY_TOKEN_HEADER}={repository_token}"]
     others = [endpoint for endpoint in protected_endpoints if endpoint != "model-repository"]
     if others and access_token:
@@ -155,13 +165,19 @@ def tritonserver_args(
     grpc_port: int = GRPC_PORT,
     metrics_port: int = METRICS_PORT,
     log_verbose: int = 0,
+    access_token_opens_repository: bool = False,
 ) -> list[str]:
     """The tritonserver arguments, identical for the local launcher and the pod's sidecar.
 
     Models are loaded explicitly by the worker, readiness is strict, the model-repository API demands the
     repository token and the protected endpoints the access token.
     """
-    groups = restricted_api_groups(repository_token, access_token, protected_endpoints)
+    groups = restricted_api_groups(
+        repository_token,
+        access_token,
+        protected_endpoints,
+        access_token_opens_repository=access_token_opens_repository,
+    )
     return [
         f"--model-repository={model_repository}",
         "--model-control-mode=explicit",

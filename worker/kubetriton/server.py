@@ -33,12 +33,7 @@ from pytriton.client._url import Endpoint
 from pytriton.exceptions import PyTritonRuntimeError
 
 from kubetriton.control import TritonControl
-from kubetriton.podenv import (
-    ACCESS_TOKEN_HEADER,
-    DEFAULT_PROTECTED_ENDPOINTS,
-    restricted_api_groups,
-    tritonserver_args,
-)
+from kubetriton.podenv import DEFAULT_PROTECTED_ENDPOINTS, tritonserver_args
 from kubetriton.triton_home import TritonHome
 
 OWNER_LOCK = ".owner.lock"
@@ -84,20 +79,6 @@ def remove_abandoned(parent: Path) -> None:
             continue
         finally:
             os.close(fd)
-
-
-def local_restricted_api_groups(
-    repository_token: str, access_token: str | None, protected_endpoints: Sequence[str]
-) -> list[str]:
-    """The restricted-API groups of a local server. The user owns it: when the security config protects the
-    model repository, the access token opens it with the other protected endpoints (kubetriton manages
-    models with that token too); otherwise the repository stays behind kubetriton's own token, as in a pod."""
-    if access_token and "model-repository" in protected_endpoints:
-        return [f"{','.join(protected_endpoints)}:{ACCESS_TOKEN_HEADER}={access_token}"]
-    return restricted_api_groups(repository_token, access_token, protected_endpoints)
-
-
-_RESTRICTION_FLAGS = ("--http-restricted-api=", "--grpc-restricted-protocol=")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,11 +228,10 @@ class LocalTritonServer:
             grpc_port=grpc_port,
             metrics_port=metrics_port,
             log_verbose=log_verbose,
+            access_token_opens_repository=True,
         )
-        groups = local_restricted_api_groups(repository_token, access_token, protected_endpoints)
         self._args = [
-            *(arg for arg in common if not arg.startswith(_RESTRICTION_FLAGS)),
-            *(flag + group for group in groups for flag in _RESTRICTION_FLAGS),
+            *common,
             f"--backend-directory={home.backends}",
             f"--backend-config=python,shm-region-prefix-name={Path(shm_prefix).name}",
             *extra_args,

@@ -35,7 +35,6 @@ from kubetriton.server import (
     PublishedServer,
     claim,
     find_published,
-    local_restricted_api_groups,
     publish,
     remove_abandoned,
     remove_owned,
@@ -778,7 +777,9 @@ class Triton(_Serving):
             )
         own = {
             api
-            for group in local_restricted_api_groups("-", self._security.access_token, self._restricted())
+            for group in podenv.restricted_api_groups(
+                "-", self._security.access_token, self._restricted(), access_token_opens_repository=True
+            )
             for api in _restricted_apis(group)
         }
         for field in ("http_restricted_api", "grpc_restricted_protocol"):
