@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import itertools
 import json
 import os
@@ -665,6 +666,22 @@ def _rolling(deployment: client.V1Deployment, generation: int) -> bool:
     return deployment.metadata.generation > generation and not done
 
 
+def _applied(cluster: Cluster, deployment: client.V1Deployment) -> str:
+    """What the operator applied to a Deployment, as YAML: its annotations and spec."""
+    body = cluster.apps.api_client.sanitize_for_serialization(deployment)
+    shown = {"annotations": body["metadata"].get("annotations"), "spec": body["spec"]}
+    return yaml.safe_dump(shown, sort_keys=True)
+
+
+def _what_changed(cluster: Cluster, before: dict[str, str], name: str, namespace: str) -> str:
+    """A unified diff of a Deployment's annotations and spec, from what `before` holds of it to now."""
+    if name not in before:
+        return ""
+    now = _applied(cluster, cluster.apps.read_namespaced_deployment(name, namespace))
+    diff = difflib.unified_diff(before[name].splitlines(True), now.splitlines(True), name, f"{name} now")
+    return "".join(diff)
+
+
 @pytest.mark.skipif(
     any(not os.environ.get(name) for name in NEXT_IMAGES),
     reason=f"needs two more operator images: {', '.join(NEXT_IMAGES)} (docs/e2e.md)",
@@ -687,6 +704,7 @@ def test_upgrades_roll_models_only_when_the_generator_changes_and_a_few_at_a_tim
         serving_models = (SERVING, *READY)
         with _load(cluster, settings, READY[0], "ops-load-b"):
             before = {name: d.metadata.generation for name, d in _deployments(cluster, namespace).items()}
+            templates = {name: _applied(cluster, d) for name, d in _deployments(cluster, namespace).items()}
             pods = {name: set(cluster.model_pods(name, namespace)) for name in serving_models}
             loads = {pod: _load_counts(cluster, pod, namespace) for pod in (serving, "ops-load-b")}
 
@@ -701,7 +719,10 @@ def test_upgrades_roll_models_only_when_the_generator_changes_and_a_few_at_a_tim
                 for name, d in _deployments(cluster, namespace).items()
                 if d.metadata.generation != before[name]
             }
-            assert after == before, f"an upgrade with the same generator changed Deployments: {changed_now}"
+            assert after == before, (
+                f"an upgrade with the same generator changed Deployments: {changed_now}\n"
+                + _what_changed(cluster, templates, next(iter(changed_now), ""), namespace)
+            )
             assert {name: set(cluster.model_pods(name, namespace)) for name in serving_models} == pods
             print(
                 f"same generator: {MODELS} Deployments' generations and the Ready models' pods unchanged "

@@ -134,15 +134,23 @@ def child_path(kind: str, name: str, namespace: str = "default") -> str:
 
 
 async def set_deployment_status(
-    cluster: ClusterEmulator, name: str, *, ready: int, replicas: int, namespace: str = "default"
+    cluster: ClusterEmulator,
+    name: str,
+    *,
+    ready: int,
+    replicas: int,
+    updated: int | None = None,
+    namespace: str = "default",
 ) -> None:
+    """The Deployment controller's status: `replicas` pods, `ready` of them available, `updated` (all,
+    unless said) of the current template."""
     deployment = stored(cluster, CHILD_APIS["Deployment"], name, namespace)
     assert deployment is not None
     status = {
         "observedGeneration": deployment["metadata"]["generation"],
         "replicas": replicas,
         "readyReplicas": ready,
-        "updatedReplicas": replicas,
+        "updatedReplicas": replicas if updated is None else updated,
         "availableReplicas": ready,
     }
     await patch(cluster, child_path("Deployment", name, namespace) + "/status", {"status": status})

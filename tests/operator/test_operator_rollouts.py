@@ -87,6 +87,12 @@ async def test_a_changed_generator_rolls_a_few_models_at_a_time(
     waiting = [name for name in NAMES if name not in first]
     assert len(first) == 2, first
 
+    # Mid-surge (the new pod not ready, the old one still serving), a rollout still holds its slot.
+    for name in first:
+        await set_deployment_status(cluster, name, ready=1, replicas=2, updated=1)
+    await asyncio.sleep(1)
+    assert rolled() == first
+
     # A user's change is applied at once, slots or not.
     await patch(cluster, MODELS.format(ns="default") + f"/{waiting[0]}", {"spec": {"replicas": 2}})
     await eventually(lambda: stored(cluster, CHILD_APIS["Deployment"], waiting[0])["spec"]["replicas"] == 2)

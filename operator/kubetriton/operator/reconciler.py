@@ -16,12 +16,6 @@ waits while that many others roll out. A change of a model's spec is never held 
 change is told from the spec change by the model's status: its spec's generation is the one the
 operator last converged (`observedGeneration`), yet its Deployment differs from what it wants.
 
-A change of the operator's own pod template (a new operator version whose generator differs) is
-applied to at most `max_concurrent_rollouts` serving models at a time: such a model's Deployment
-waits while that many others roll out. A change of a model's spec is never held back. The generator
-change is told from the spec change by the model's status: its spec's generation is the one the
-operator last converged (`observedGeneration`), yet its Deployment differs from what it wants.
-
 A failed apply is retried by the operator itself, with a backoff, rather than through kopf's
 handler retries: kopf keeps a failed handler's delay even when the spec changes, and a corrected
 spec is acted on at once here. The failure is kept in the status (Degraded, with the API server's
@@ -209,17 +203,20 @@ def _deployment_summary(deployment: Mapping[str, Any]) -> dict[str, Any]:
 
 def rolling_out(deployment: Mapping[str, Any]) -> bool:
     """Whether a Deployment (its summary) is rolling out pods that serve: not every wanted pod is
-    updated and available yet, some are available, and its rollout has not stalled. A model with no
-    available pod has nothing a rollout could take away, and never holds others back."""
+    updated and available yet or old pods remain, some are available, and its rollout has not stalled.
+    Mid-surge a one-replica Deployment counts one updated and one available pod, the old one: only
+    the pods of the old template, `replicas` beyond `updatedReplicas`, show it still rolls. A model
+    with no available pod has nothing a rollout could take away, and never holds others back."""
     observed, wanted = deployment["status"], deployment["spec"]["replicas"]
-    available = observed.get("availableReplicas", 0)
+    available, updated = observed.get("availableReplicas", 0), observed.get("updatedReplicas", 0)
     stalled = any(
         c.get("type") == "Progressing" and c.get("status") == "False"
         for c in observed.get("conditions") or []
     )
     incomplete = (
         observed.get("observedGeneration", 0) < deployment["metadata"]["generation"]
-        or observed.get("updatedReplicas", 0) < wanted
+        or updated < wanted
+        or observed.get("replicas", 0) > updated
         or available < wanted
     )
     return incomplete and available > 0 and not stalled
