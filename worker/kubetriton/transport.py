@@ -8,10 +8,12 @@ folder: a blocking send on one side wakes the thread blocked in a receive on the
 thread in between (a ZeroMQ round trip wakes six threads; on a small request that is most of its cost),
 and the kernel ends the connection the moment either process dies, so a request in flight fails at once.
 
-A message is a JSON header frame followed by data frames; a hop's first message names the proxy
-instance's arenas, so that requests need not, and fields at their default are left out. A tensor travels
-either inline, as its own frame, or, when it is larger than the inline limit, through an `Arena`: a
-bounded, pre-sized shared-memory file.
+A message is a header frame followed by data frames. The header is packed binary (`encode_message`,
+`decode_message`): its kind, flags, id and the arena blocks the sender released, then one entry per
+request or response with a fixed-size descriptor per tensor (dtype, rank, where its data is), the
+tensor's name and shape. A hop's first message names the proxy instance's arenas, so that requests need
+not. A tensor travels either inline, as its own frame, or, when it is larger than the inline limit,
+through an `Arena`: a bounded, pre-sized shared-memory file.
 
 Each proxy instance owns two arenas: the request arena, which only the proxy allocates in and the
 worker maps read-only, and the response arena, which only the worker allocates in and the proxy maps
@@ -28,7 +30,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import itertools
-import json
 import math
 import mmap
 import os
@@ -37,15 +38,13 @@ import socket
 import struct
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 INLINE_LIMIT = 64 * 1024
 """Tensors up to this many bytes travel as message frames; larger ones go through an arena."""
 ALIGNMENT = 64
-BYTES = "BYTES"
-"""The dtype tag of string tensors (see `serialize_bytes`)."""
 
 PARAM_ADDRESS = "kubetriton.address"
 PARAM_HOP_PATH = "kubetriton.hop_path"
@@ -185,7 +184,7 @@ class Hop:
     def send(self, frames: Sequence[Any]) -> None:
         """Send one message; OSError (BrokenPipeError, ConnectionResetError) when the peer is gone."""
         lengths = [len(frame) for frame in frames]
-        prefix = struct.pack(f"<I{len(frames)}Q", len(frames), *lengths)
+        prefix = _struct(f"<I{len(frames)}Q").pack(len(frames), *lengths)
         if len(prefix) + sum(lengths) <= HOP_DATAGRAM_BYTES:
             self.socket.sendmsg([prefix, *frames], (), socket.MSG_NOSIGNAL)
             return
@@ -203,7 +202,7 @@ class Hop:
             return None  # every message has a prefix, so an empty read is the end of the connection
         datagram = memoryview(self._datagram)
         (count,) = _LENGTH.unpack_from(datagram)
-        lengths = struct.unpack_from(f"<{count}Q", datagram, _LENGTH.size)
+        lengths = _struct(f"<{count}Q").unpack_from(datagram, _LENGTH.size)
         position = _LENGTH.size + 8 * count
         total = position + sum(lengths)
         if total == received:
@@ -239,19 +238,182 @@ class Hop:
         self.socket.close()
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
-_DECODER = json.JSONDecoder()
-"""Made once: `json.dumps` with separators builds an encoder per call, and `json.loads` of bytes first
-guesses their encoding. Headers are small, so that overhead is much of their cost. Headers are trees
-built here, never circular, so the encoder need not track the containers it is inside of."""
+HELLO = 1
+"""Proxy to worker, a hop's first message: the paths of the proxy instance's two arenas, as its text."""
+REQUEST = 2
+"""Proxy to worker: a batch, one entry per request (flag DECOUPLED for a streaming model)."""
+CONTROL = 3
+"""Proxy to worker while a stream runs: response blocks released, and with flag CANCEL the end of the
+stream `id`, whose clients all cancelled."""
+REPLY = 4
+"""Worker to proxy: one entry per request, its outputs (for a stream, one per streamed item)."""
+ERROR = 5
+"""Worker to proxy: the batch `id` failed, with the client's message as its text; it ends a stream."""
+FINAL = 6
+"""Worker to proxy: the stream `id` ended."""
+DECOUPLED = CANCEL = 1
+"""Flags of REQUEST and CONTROL messages."""
+
+_HEAD = struct.Struct("<BBIIQ")
+"""A message header starts with its kind, flags, entry count, count of released blocks and message id,
+followed by the released blocks' offsets (8 bytes each), then by its entries or its text."""
+_REQUEST = struct.Struct("<HHI")
+"""A request entry: its input count, its requested output count (0: all) and the byte length of its
+parameters, followed by the parameters (Triton's JSON text), the requested outputs' names (each a 2-byte
+length and UTF-8) and the inputs' descriptors."""
+_COUNT = struct.Struct("<H")
+"""A response entry is its output count followed by the outputs' descriptors; also a name's length."""
+_TENSOR_SIZES = struct.Struct("<BH")
+_TENSOR = "<BH4sBQQ{}s{}q"
+"""A tensor descriptor: its rank and its name's length, its dtype (numpy's dtype string, `|O` for strings
+in `serialize_bytes`' layout), 1 if it lies in an arena, its frame index or arena offset, its byte length,
+its name (UTF-8) and its shape (8 bytes a dimension). One struct per rank and name length packs or unpacks
+a whole descriptor at once."""
+
+Descriptor = tuple[str, np.dtype, tuple[int, ...], bool, int, int]
+"""A decoded tensor descriptor: (name, dtype, shape, in arena, frame index or arena offset, byte length).
+Plain tuples: a decoded message makes one per tensor, and a named tuple takes several times as long to
+make."""
+RequestEntry = tuple[list[Descriptor], str, "list[str] | None"]
+"""A decoded request: (inputs, Triton's JSON text of its parameters or "" for none, the outputs its client
+asked for or None for all)."""
 
 
-def encode_header(header: dict[str, Any]) -> bytes:
-    return _ENCODER.encode(header).encode()
+class Message(NamedTuple):
+    """A decoded message header."""
+
+    kind: int
+    flags: int
+    id: int
+    released: tuple[int, ...]
+    """Offsets of blocks the sender released in the receiver's arena."""
+    entries: list[Any]
+    """A REQUEST's `RequestEntry`s, or a REPLY's output descriptors, one list per request."""
+    text: str
+    """A HELLO's arena paths, separated by NUL; an ERROR's message."""
 
 
-def decode_header(frame: bytes | memoryview) -> dict[str, Any]:
-    return _DECODER.raw_decode(str(frame, "utf-8"))[0]
+_OBJECT = np.dtype(object)
+_CODES: dict[np.dtype, bytes] = {_OBJECT: b"|O"}
+_DTYPES: dict[bytes, np.dtype] = {b"|O\0\0": _OBJECT}
+_STRUCTS: dict[str, struct.Struct] = {}
+_TENSORS: dict[tuple[int, int], struct.Struct] = {}
+
+
+def _struct(layout: str) -> struct.Struct:
+    """A compiled struct for a format used again and again (per frame count, count of released blocks)."""
+    compiled = _STRUCTS.get(layout)
+    if compiled is None:
+        compiled = _STRUCTS[layout] = struct.Struct(layout)
+    return compiled
+
+
+def _tensor_struct(rank: int, name_length: int) -> struct.Struct:
+    compiled = _TENSORS.get((rank, name_length))
+    if compiled is None:
+        compiled = _TENSORS[rank, name_length] = struct.Struct(_TENSOR.format(name_length, rank))
+    return compiled
+
+
+def _dtype_code(dtype: np.dtype) -> bytes:
+    code = _CODES.get(dtype)
+    if code is None:
+        code = dtype.str.encode()
+        if len(code) > 4 or np.dtype(dtype.str) != dtype:
+            raise TypeError(f"arrays of dtype {dtype} cannot cross to the other process")
+        _CODES[dtype] = code
+    return code
+
+
+def _new_dtype(code: bytes) -> np.dtype:
+    dtype = _DTYPES[code] = np.dtype(code.rstrip(b"\0").decode())
+    return dtype
+
+
+def encode_message(
+    kind: int,
+    message_id: int = 0,
+    entries: Sequence[bytes] = (),
+    released: Sequence[int] = (),
+    *,
+    flags: int = 0,
+    text: str = "",
+) -> bytes:
+    """A message header; `entries` are what `encode_request_entry` or `encode_response_entry` made."""
+    head = _HEAD.pack(kind, flags, len(entries), len(released), message_id)
+    if released:
+        head += _struct(f"<{len(released)}Q").pack(*released)
+    if text:
+        return head + text.encode()
+    return head + b"".join(entries) if entries else head
+
+
+def encode_request_entry(inputs: Sequence[bytes], parameters: str, outputs: Sequence[str]) -> bytes:
+    """One request of a batch: its inputs' descriptors (`encode_tensor`), Triton's JSON text of its
+    parameters ("" for none) and the outputs its client asked for (empty for all)."""
+    if not (parameters or outputs):
+        return _REQUEST.pack(len(inputs), 0, 0) + b"".join(inputs)
+    text = parameters.encode()
+    names = []
+    for output in outputs:
+        encoded = output.encode()
+        names.append(_COUNT.pack(len(encoded)) + encoded)
+    return b"".join([_REQUEST.pack(len(inputs), len(outputs), len(text)), text, *names, *inputs])
+
+
+def encode_response_entry(outputs: Sequence[bytes]) -> bytes:
+    """One response of a batch: its outputs' descriptors (`encode_tensor`)."""
+    return _COUNT.pack(len(outputs)) + b"".join(outputs)
+
+
+def decode_message(frame: memoryview) -> Message:
+    """A message header, as `encode_message` made it."""
+    kind, flags, count, released_count, message_id = _HEAD.unpack_from(frame)
+    at = _HEAD.size
+    released: tuple[int, ...] = ()
+    if released_count:
+        released = _struct(f"<{released_count}Q").unpack_from(frame, at)
+        at += 8 * released_count
+    entries: list[Any] = []
+    if kind == REQUEST:
+        for _ in range(count):
+            input_count, output_count, parameters_length = _REQUEST.unpack_from(frame, at)
+            at += _REQUEST.size
+            parameters = str(frame[at : at + parameters_length], "utf-8") if parameters_length else ""
+            at += parameters_length
+            outputs = None
+            if output_count:
+                outputs = []
+                for _ in range(output_count):
+                    (length,) = _COUNT.unpack_from(frame, at)
+                    at += _COUNT.size
+                    outputs.append(str(frame[at : at + length], "utf-8"))
+                    at += length
+            inputs = []
+            for _ in range(input_count):
+                descriptor, at = _decode_descriptor(frame, at)
+                inputs.append(descriptor)
+            entries.append((inputs, parameters, outputs))
+        return Message(kind, flags, message_id, released, entries, "")
+    if kind == REPLY:
+        for _ in range(count):
+            (output_count,) = _COUNT.unpack_from(frame, at)
+            at += _COUNT.size
+            outputs = []
+            for _ in range(output_count):
+                descriptor, at = _decode_descriptor(frame, at)
+                outputs.append(descriptor)
+            entries.append(outputs)
+        return Message(kind, flags, message_id, released, entries, "")
+    return Message(kind, flags, message_id, released, entries, str(frame[at:], "utf-8"))
+
+
+def _decode_descriptor(frame: memoryview, at: int) -> tuple[Descriptor, int]:
+    layout = _tensor_struct(*_TENSOR_SIZES.unpack_from(frame, at))
+    values = layout.unpack_from(frame, at)
+    dtype = _DTYPES.get(values[2]) or _new_dtype(values[2])
+    descriptor = (values[6].decode(), dtype, values[7:], values[3] == 1, values[4], values[5])
+    return descriptor, at + layout.size
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:
@@ -285,65 +447,67 @@ def encode_tensor(
     array: np.ndarray,
     frames: list[Any],
     arena: Arena | None,
+    allocated: list[int],
     inline_limit: int = INLINE_LIMIT,
-) -> list[Any]:
-    """Describe `array` for the header, appending its data to `frames` or copying it into `arena`.
+) -> bytes:
+    """The descriptor of `array`, whose data is appended to `frames` or copied into `arena`.
 
-    The descriptor is `[name, dtype, shape, "f", frame_index]` or `[name, dtype, shape, "a", offset,
-    nbytes]`. The arena allocation is the caller's to free once the peer reports it released.
-    """
-    shape = list(array.shape)
+    An arena block's offset is appended to `allocated`: the caller frees it once the peer reports it
+    released."""
     serialized = serialize_bytes(array) if is_bytes_dtype(array.dtype) else None
-    dtype = BYTES if serialized is not None else array.dtype.str
+    code = b"|O" if serialized is not None else _dtype_code(array.dtype)
     nbytes = len(serialized) if serialized is not None else array.nbytes
+    encoded = name.encode()
+    rank = array.ndim
+    layout = _tensor_struct(rank, len(encoded))
     if nbytes <= inline_limit or arena is None or arena.size == 0:
-        # bytes, not a numpy buffer: pyzmq sends them far faster
+        # bytes, not a numpy buffer: a socket sends them faster
         frames.append(serialized if serialized is not None else array.tobytes())
-        return [name, dtype, shape, "f", len(frames) - 1]
+        return layout.pack(rank, len(encoded), code, 0, len(frames) - 1, nbytes, encoded, *array.shape)
     offset = arena.allocate(nbytes)
+    allocated.append(offset)
     target = arena.buffer[offset : offset + nbytes]
     if serialized is not None:
         target[...] = np.frombuffer(serialized, np.uint8)
     else:
         np.copyto(target.view(array.dtype).reshape(array.shape), array)
-    return [name, dtype, shape, "a", offset, nbytes]
+    return layout.pack(rank, len(encoded), code, 1, offset, nbytes, encoded, *array.shape)
 
 
 def decode_tensor(
-    descriptor: Sequence[Any],
+    descriptor: Descriptor,
     frames: Sequence[Any],
     arena: Arena | None,
     on_release: Callable[[int], None] | None = None,
-) -> tuple[str, np.ndarray]:
-    """The named array a descriptor points at, read-only.
+) -> np.ndarray:
+    """The array a descriptor points at, read-only.
 
     With `on_release`, an arena-backed array owns its block: `on_release(offset)` is called once the
     array and every view of it are gone. Without it, the array is a plain view the caller must drop
     before the block is reused.
     """
-    name, dtype, shape = descriptor[0], descriptor[1], descriptor[2]
-    if descriptor[3] == "f":
-        buffer: Any = frames[descriptor[4]]
+    _name, dtype, shape, in_arena, position, nbytes = descriptor
+    if not in_arena:
+        buffer: Any = frames[position]
     else:
         if arena is None:
             raise RuntimeError("a tensor arrived through a shared-memory arena that is not mapped")
-        offset, nbytes = descriptor[4], descriptor[5]
-        buffer = arena.buffer[offset : offset + nbytes]
-        if on_release is not None and dtype != BYTES:
+        buffer = arena.buffer[position : position + nbytes]
+        if on_release is not None and dtype is not _OBJECT:
             # numpy collapses a view's base down to the first non-array object, so every array derived
             # from this block keeps it alive: the finalizer fires when the last of them is gone.
-            buffer = np.frombuffer(arena.memory[offset : offset + nbytes], np.uint8)
-            weakref.finalize(buffer, on_release, offset)
+            buffer = np.frombuffer(arena.memory[position : position + nbytes], np.uint8)
+            weakref.finalize(buffer, on_release, position)
         elif on_release is not None:
-            on_release(offset)  # strings are copied out below, so the block is free at once
-    if dtype == BYTES:
+            on_release(position)  # strings are copied out below, so the block is free at once
+    if dtype is _OBJECT:
         array = deserialize_bytes(buffer, shape)
         array.flags.writeable = False
-        return name, array
+        return array
     if isinstance(buffer, np.ndarray):
         array = buffer.view(dtype).reshape(shape)
     else:
         array = np.frombuffer(buffer, dtype).reshape(shape)
     if array.flags.writeable:  # a view of a hop's frames or of a read-only arena is read-only already
         array.flags.writeable = False
-    return name, array
+    return array

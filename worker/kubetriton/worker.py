@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import zmq
@@ -42,18 +42,28 @@ from pytriton.proxy.types import Request
 
 from kubetriton.model_repository import ModelSpec
 from kubetriton.transport import (
+    CANCEL,
+    CONTROL,
+    DECOUPLED,
+    ERROR,
+    FINAL,
+    HELLO,
     INLINE_LIMIT,
     PARAM_ADDRESS,
     PARAM_ARENA_BYTES,
     PARAM_ARENA_DIR,
     PARAM_HOP_PATH,
     PARAM_INLINE_LIMIT,
+    REPLY,
+    REQUEST,
     Arena,
     ArenaFullError,
     Hop,
-    decode_header,
+    Message,
+    decode_message,
     decode_tensor,
-    encode_header,
+    encode_message,
+    encode_response_entry,
     encode_tensor,
     is_bytes_dtype,
 )
@@ -69,6 +79,18 @@ MAX_SOCKET_PATH = 107
 
 class ResponseError(ValueError):
     """A callable's responses do not match what the model declares."""
+
+
+class Reply(NamedTuple):
+    """A message to the proxy, before its id and released blocks are added."""
+
+    kind: int
+    entries: list[bytes]
+    frames: list[Any]
+    text: str = ""
+
+
+FINAL_REPLY = Reply(FINAL, [], [])
 
 
 @dataclass(frozen=True)
@@ -425,86 +447,86 @@ class InstanceServer(threading.Thread):
             self._serve_one(peer, frames)
 
     def _serve_one(self, peer: Peer, frames: list[memoryview]) -> None:
-        header = decode_header(frames[0])
-        if "arenas" in header:  # the hop's first message
-            requests_path, responses_path = header["arenas"]
+        message = decode_message(frames[0])
+        if message.kind == HELLO:  # the hop's first message
+            requests_path, responses_path = message.text.split("\0")
             peer.arenas = (Arena(requests_path, writable=False), Arena(responses_path, writable=True))
             return
         assert peer.arenas is not None, "a hop's first message names its arenas"
         requests_arena, responses_arena = peer.arenas
-        for offset in header.get("released", ()):
+        for offset in message.released:
             responses_arena.free(offset)
-        if "requests" not in header:
+        if message.kind != REQUEST:
             return
         self.in_flight += 1
         started = time.perf_counter()
         try:
             data = frames[1:]
             del frames
-            if header.get("decoupled"):
-                replies = self._stream(peer, header, data, requests_arena, responses_arena)
+            if message.flags & DECOUPLED:
+                replies = self._stream(peer, message, data, requests_arena, responses_arena)
                 try:
-                    for reply_header, reply_frames in replies:
-                        self._send(peer, header["id"], reply_header, reply_frames)
+                    for reply in replies:
+                        self._send(peer, message.id, reply)
                 finally:
                     replies.close()
             else:
-                reply_header, reply_frames = self._reply(peer, header, data, requests_arena, responses_arena)
-                self._send(peer, header["id"], reply_header, reply_frames)
+                self._send(
+                    peer, message.id, self._reply(peer, message, data, requests_arena, responses_arena)
+                )
         except OSError as error:
             LOGGER.info("Model %s instance %d: the proxy went away: %s", self.spec.name, self.instance, error)
             self._drop(peer)
         finally:
             self.in_flight -= 1
-            self.requests += len(header["requests"])
+            self.requests += len(message.entries)
             self.busy_seconds += time.perf_counter() - started
 
-    def _send(self, peer: Peer, message_id: int, header: dict[str, Any], frames: list[Any]) -> None:
-        header["id"] = message_id
-        if "error" in header:
+    def _send(self, peer: Peer, message_id: int, reply: Reply) -> None:
+        if reply.kind == ERROR:
             self.failures += 1
-        count = len(peer.released)
+        released: list[int] = []
+        count = len(peer.released)  # finalizers of inputs may append to it meanwhile, from any thread
         if count:
-            header["released"] = peer.released[:count]
+            released = peer.released[:count]
             del peer.released[:count]
-        peer.hop.send([encode_header(header), *frames])
+        header = encode_message(reply.kind, message_id, reply.entries, released, text=reply.text)
+        peer.hop.send([header, *reply.frames])
 
     def _decode_requests(
-        self, peer: Peer, header: dict[str, Any], data: list[memoryview], arena: Arena
+        self, peer: Peer, message: Message, data: list[memoryview], arena: Arena
     ) -> list[Request]:
         requests = []
         release = peer.release
-        for entry in header["requests"]:
+        for descriptors, parameters, outputs in message.entries:
             inputs = {}
-            for descriptor in entry["inputs"]:
-                if descriptor[3] == "a":
+            for descriptor in descriptors:
+                if descriptor[3]:  # in an arena: the block stays pinned until the array is gone
                     peer.held.add(descriptor[4])
-                name, array = decode_tensor(descriptor, data, arena, release)
-                inputs[name] = array
-            raw = entry.get("parameters")  # left out when the request has none
-            requests.append(Request(inputs, json.loads(raw) if raw else {}, entry.get("outputs")))
+                inputs[descriptor[0]] = decode_tensor(descriptor, data, arena, release)
+            requests.append(Request(inputs, json.loads(parameters) if parameters else {}, outputs))
         return requests
 
-    def _batch_sizes(self, header: dict[str, Any]) -> list[int | None]:
+    def _batch_sizes(self, message: Message) -> list[int | None]:
         """Each request's batch size: the first dimension of its inputs, when the model batches."""
         if not self._batching:
-            return [None] * len(header["requests"])
-        return [entry["inputs"][0][2][0] if entry["inputs"] else None for entry in header["requests"]]
+            return [None] * len(message.entries)
+        return [inputs[0][2][0] if inputs else None for inputs, _, _ in message.entries]
 
     def _reply(
         self,
         peer: Peer,
-        header: dict[str, Any],
+        message: Message,
         data: list[memoryview],
         requests_arena: Arena,
         responses_arena: Arena,
-    ) -> tuple[dict[str, Any], list[Any]]:
+    ) -> Reply:
         """The one reply of a non-decoupled model. Returning drops every reference to the inputs."""
         try:
-            result = self._call(self._decode_requests(peer, header, data, requests_arena))
-            return self._encode_responses(self._checked(result, self._batch_sizes(header)), responses_arena)
+            result = self._call(self._decode_requests(peer, message, data, requests_arena))
+            return self._encode_responses(self._checked(result, self._batch_sizes(message)), responses_arena)
         except Exception as error:
-            return self._error_reply(error), []
+            return self._error_reply(error)
 
     def _checked(self, result: Any, batch_sizes: Sequence[int | None]) -> list[dict[str, np.ndarray]]:
         """The responses of a non-decoupled model's callable, checked against the declared outputs."""
@@ -518,32 +540,30 @@ class InstanceServer(threading.Thread):
     def _stream(
         self,
         peer: Peer,
-        header: dict[str, Any],
+        message: Message,
         data: list[memoryview],
         requests_arena: Arena,
         responses_arena: Arena,
-    ) -> Iterator[tuple[dict[str, Any], list[Any]]]:
+    ) -> Iterator[Reply]:
         """The replies of a decoupled model: one per yielded item, then a final message. A stream whose
         clients all cancelled, or whose proxy went away, closes the generator and ends at once."""
-        batch_sizes = self._batch_sizes(header)
+        batch_sizes = self._batch_sizes(message)
         result = None
         try:
-            result = self._call(self._decode_requests(peer, header, data, requests_arena))
+            result = self._call(self._decode_requests(peer, message, data, requests_arena))
             for item in _items(result):
                 yield self._encode_streamed(peer, self._checker.check(item, batch_sizes), responses_arena)
                 self._take_releases(peer, 0)
-                if peer.cancelled == header["id"]:
+                if peer.cancelled == message.id:
                     break
         except Exception as error:
-            yield self._error_reply(error), []
+            yield self._error_reply(error)
             return
         finally:
             _close(result)
-        yield {"final": True}, []
+        yield FINAL_REPLY
 
-    def _encode_streamed(
-        self, peer: Peer, responses: Sequence[dict[str, np.ndarray]], arena: Arena
-    ) -> tuple[dict[str, Any], list[Any]]:
+    def _encode_streamed(self, peer: Peer, responses: Sequence[dict[str, np.ndarray]], arena: Arena) -> Reply:
         """Encode one streamed item. The proxy releases response blocks while the stream runs: while the
         arena is full of blocks still in flight, wait for those releases instead of failing the stream."""
         deadline = time.monotonic() + STREAM_BACKPRESSURE_S
@@ -563,20 +583,21 @@ class InstanceServer(threading.Thread):
             frames = peer.hop.receive()
             if frames is None:
                 raise ConnectionResetError(f"the proxy instance of model '{self.spec.name}' went away")
-            header = decode_header(frames[0])
-            if "requests" in header:
+            message = decode_message(frames[0])
+            if message.kind == REQUEST:
                 self._backlog.append((peer, frames))
-            else:
-                peer.cancelled = header.get("cancel", peer.cancelled)
-                assert peer.arenas is not None, "a hop's first message names its arenas"
-                for offset in header.get("released", ()):
-                    peer.arenas[1].free(offset)
+                continue
+            if message.kind == CONTROL and message.flags & CANCEL:
+                peer.cancelled = message.id
+            assert peer.arenas is not None, "a hop's first message names its arenas"
+            for offset in message.released:
+                peer.arenas[1].free(offset)
 
-    def _error_reply(self, error: Exception) -> dict[str, Any]:
+    def _error_reply(self, error: Exception) -> Reply:
         LOGGER.warning("Model %s instance %d: %s", self.spec.name, self.instance, error, exc_info=self._debug)
         if isinstance(error, PyTritonUnrecoverableError):
             self._on_unrecoverable(error)
-        return {"error": format_error(error, debug=self._debug), "final": True}
+        return Reply(ERROR, [], [], format_error(error, debug=self._debug))
 
     def _call(self, requests: list[Request]) -> Any:
         result = self._infer_func(requests)  # with the model's context active: see run()
@@ -584,27 +605,26 @@ class InstanceServer(threading.Thread):
             result = _EventLoopThread.run(result)
         return result
 
-    def _encode_responses(
-        self, responses: Sequence[dict[str, np.ndarray]], arena: Arena
-    ) -> tuple[dict[str, Any], list[Any]]:
+    def _encode_responses(self, responses: Sequence[dict[str, np.ndarray]], arena: Arena) -> Reply:
         frames: list[Any] = []
         allocated: list[int] = []
-        encoded = []
+        entries = []
         inline_limit = self._transport.inline_limit
         try:
             for response in responses:
-                outputs = []
-                for name, array in response.items():
-                    descriptor = encode_tensor(name, array, frames, arena, inline_limit)
-                    if descriptor[3] == "a":
-                        allocated.append(descriptor[4])
-                    outputs.append(descriptor)
-                encoded.append({"outputs": outputs})
+                entries.append(
+                    encode_response_entry(
+                        [
+                            encode_tensor(name, array, frames, arena, allocated, inline_limit)
+                            for name, array in response.items()
+                        ]
+                    )
+                )
         except ArenaFullError as error:
             for offset in allocated:
                 arena.free(offset)
             raise ArenaFullError(f"Model '{self.spec.name}' response does not fit: {error}") from None
-        return {"responses": encoded}, frames
+        return Reply(REPLY, entries, frames)
 
 
 _INSTANCES: weakref.WeakSet[InstanceServer] = weakref.WeakSet()

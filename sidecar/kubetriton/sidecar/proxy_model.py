@@ -30,18 +30,28 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 import zmq
 from kubetriton.transport import (
+    CANCEL,
+    CONTROL,
+    DECOUPLED,
+    ERROR,
+    FINAL,
+    HELLO,
     INLINE_LIMIT,
     PARAM_ADDRESS,
     PARAM_ARENA_BYTES,
     PARAM_ARENA_DIR,
     PARAM_HOP_PATH,
     PARAM_INLINE_LIMIT,
+    REQUEST,
     Arena,
     ArenaFullError,
+    Descriptor,
     Hop,
-    decode_header,
+    Message,
+    decode_message,
     decode_tensor,
-    encode_header,
+    encode_message,
+    encode_request_entry,
     encode_tensor,
 )
 
@@ -106,12 +116,12 @@ class TritonPythonModel:
             return None
         try:
             message_id = self._send(requests)
-            header, data = self._receive(message_id)
+            reply, data = self._receive(message_id)
         except Exception as error:
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))) for _ in requests]
-        if "error" in header:
-            return [pb_utils.InferenceResponse(error=pb_utils.TritonError(header["error"])) for _ in requests]
-        return [self._response(entry, data) for entry in header["responses"]]
+        if reply.kind == ERROR:
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.text)) for _ in requests]
+        return [self._response(outputs, data) for outputs in reply.entries]
 
     def _execute_decoupled(self, requests: list[Any]) -> None:
         senders = [request.get_response_sender() for request in requests]
@@ -120,18 +130,18 @@ class TritonPythonModel:
             message_id = self._send(requests)
             next_check = time.monotonic() + CANCEL_CHECK_S
             while True:
-                header, data = self._receive(message_id)
-                if "error" in header:
-                    error = pb_utils.TritonError(header["error"])
+                reply, data = self._receive(message_id)
+                if reply.kind == ERROR:
+                    error = pb_utils.TritonError(reply.text)
                     for sender in senders:
                         sender.send(pb_utils.InferenceResponse(error=error), flags=final)
                     return
-                if header.get("final"):
+                if reply.kind == FINAL:
                     for sender in senders:
                         sender.send(flags=final)
                     return
-                for sender, entry in zip(senders, header["responses"], strict=True):
-                    sender.send(self._response(entry, data))
+                for sender, outputs in zip(senders, reply.entries, strict=True):
+                    sender.send(self._response(outputs, data))
                 self._release_responses()
                 if next_check and time.monotonic() >= next_check:
                     next_check = time.monotonic() + CANCEL_CHECK_S
@@ -160,38 +170,32 @@ class TritonPythonModel:
         frames: list[Any] = []
         allocated: list[int] = []
         entries = []
+        arena, inline_limit = self._requests_arena, self._inline_limit
         try:
             for request in requests:
-                inputs = []
-                for tensor in request.inputs():
-                    descriptor = encode_tensor(
-                        tensor.name(), tensor.as_numpy(), frames, self._requests_arena, self._inline_limit
-                    )
-                    if descriptor[3] == "a":
-                        allocated.append(descriptor[4])
-                    inputs.append(descriptor)
-                entry: dict[str, Any] = {"inputs": inputs}
+                inputs = [
+                    encode_tensor(tensor.name(), tensor.as_numpy(), frames, arena, allocated, inline_limit)
+                    for tensor in request.inputs()
+                ]
                 parameters = request.parameters()
-                if parameters != "{}":
-                    entry["parameters"] = parameters
                 outputs = request.requested_output_names()
-                if outputs:
-                    entry["outputs"] = sorted(outputs)
-                entries.append(entry)
+                entries.append(
+                    encode_request_entry(
+                        inputs, "" if parameters == "{}" else parameters, sorted(outputs) if outputs else ()
+                    )
+                )
         except ArenaFullError as error:
             self._free_requests(allocated)
             if hop.peer_closed():  # the arena may be full of blocks that the departed worker held
                 raise ConnectionResetError("the worker went away") from None
             raise ArenaFullError(f"Request to model '{self._model}' is too large: {error}") from None
         self._next_id += 1
-        header: dict[str, Any] = {"id": self._next_id, "requests": entries}
-        if self._decoupled:
-            header["decoupled"] = True
-        self._add_released_responses(header)
-        hop.send([encode_header(header), *frames])
+        released, self._released_responses = self._released_responses, []
+        flags = DECOUPLED if self._decoupled else 0
+        hop.send([encode_message(REQUEST, self._next_id, entries, released, flags=flags), *frames])
         return self._next_id
 
-    def _receive(self, message_id: int) -> tuple[dict[str, Any], list[memoryview]]:
+    def _receive(self, message_id: int) -> tuple[Message, list[memoryview]]:
         """Wait for the worker's reply to `message_id`; fail as soon as the worker's end of the hop closes."""
         assert self._hop is not None
         while True:
@@ -201,11 +205,11 @@ class TritonPythonModel:
                 raise WorkerUnavailableError(
                     f"The worker of model '{self._model}' went away while the request was in flight"
                 )
-            header = decode_header(frames[0])
-            for offset in header.get("released", ()):
+            reply = decode_message(frames[0])
+            for offset in reply.released:
                 self._requests_arena.free(offset)
-            if header.get("id") == message_id:
-                return header, frames[1:]
+            if reply.id == message_id:
+                return reply, frames[1:]
 
     def _attached_hop(self) -> Hop:
         """The hop to the worker, connected now if there is none (the first request, or the last hop's
@@ -216,7 +220,7 @@ class TritonPythonModel:
             except OSError:
                 raise self._not_attached() from None
             try:
-                hop.send([encode_header({"arenas": self._arena_paths})])
+                hop.send([encode_message(HELLO, text="\0".join(self._arena_paths))])
             except OSError:
                 hop.close()
                 raise self._not_attached() from None
@@ -240,39 +244,30 @@ class TritonPythonModel:
         for offset in offsets:
             self._requests_arena.free(offset)
 
-    def _add_released_responses(self, header: dict[str, Any]) -> None:
-        """Tell the worker, with this message, which response blocks are copied out."""
-        if self._released_responses:
-            header["released"], self._released_responses = self._released_responses, []
-
     def _cancel(self, message_id: int) -> None:
         """Every client of the stream cancelled: ask the worker to close the generator and end it."""
-        header: dict[str, Any] = {"cancel": message_id}
-        self._add_released_responses(header)
-        self._send_control(header)
+        self._send_control(CANCEL, message_id)
 
     def _release_responses(self) -> None:
         """Tell the worker at once which response blocks are copied out; streams cannot wait for a request."""
         if self._released_responses:
-            header: dict[str, Any] = {}
-            self._add_released_responses(header)
-            self._send_control(header)
+            self._send_control(0, 0)
 
-    def _send_control(self, header: dict[str, Any]) -> None:
-        """A message of a running stream. A worker that went away fails the stream's next receive."""
+    def _send_control(self, flags: int, message_id: int) -> None:
+        """A message of a running stream, with the response blocks copied out since the last message. A
+        worker that went away fails the stream's next receive."""
+        released, self._released_responses = self._released_responses, []
         if self._hop is not None:
             with contextlib.suppress(OSError):
-                self._hop.send([encode_header(header)])
+                self._hop.send([encode_message(CONTROL, message_id, released=released, flags=flags)])
 
-    def _response(self, entry: dict[str, Any], data: list[memoryview]) -> Any:
-        if "error" in entry:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(entry["error"]))
+    def _response(self, outputs: list[Descriptor], data: list[memoryview]) -> Any:
         tensors = []
-        for descriptor in entry["outputs"]:
-            name, array = decode_tensor(descriptor, data, self._responses_arena)
-            tensors.append(pb_utils.Tensor(name, array))
-            if descriptor[3] == "a":
-                self._released_responses.append(descriptor[4])
+        for descriptor in outputs:
+            name, _dtype, _shape, in_arena, offset, _nbytes = descriptor
+            tensors.append(pb_utils.Tensor(name, decode_tensor(descriptor, data, self._responses_arena)))
+            if in_arena:
+                self._released_responses.append(offset)
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def finalize(self) -> None:
