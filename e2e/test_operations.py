@@ -466,41 +466,58 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _prometheus_config(namespace: str, rules: Path) -> dict[str, Any]:
-    """Scrapes the models' Services' `metrics` (Triton) and `worker` ports, pod by pod, with the labels a
-    ServiceMonitor gives them (namespace, service, pod, endpoint)."""
-    meta = "__meta_kubernetes_"
-    labels = {
-        "namespace": "namespace",
-        "service": "service_name",
-        "pod": "pod_name",
-        "endpoint": "endpointslice_port_name",
-    }
+class ScrapeTargets:
+    """The models' pods as Prometheus targets, written every 2 s from their Services' EndpointSlices
+    to a file Prometheus watches (`file_sd_configs`: Debian's Prometheus is built without Kubernetes
+    discovery). Like a ServiceMonitor, it takes the `metrics` (Triton) and `worker` ports of every
+    endpoint, ready or not, with the labels namespace, service, pod and endpoint (the port's name)."""
+
+    PORTS = ("metrics", "worker")
+
+    def __init__(self, cluster: Cluster, namespace: str, path: Path) -> None:
+        self.cluster, self.namespace, self.path = cluster, namespace, path
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def targets(self) -> list[dict[str, Any]]:
+        discovery = client.DiscoveryV1Api(self.cluster.core.api_client)
+        listed = discovery.list_namespaced_endpoint_slice(self.namespace, _request_timeout=5).items
+        found = []
+        for endpoint_slice in listed:
+            service = (endpoint_slice.metadata.labels or {}).get("kubernetes.io/service-name", "")
+            ports = [port for port in endpoint_slice.ports or [] if port.name in self.PORTS]
+            for port, endpoint in itertools.product(ports, endpoint_slice.endpoints or []):
+                pod = endpoint.target_ref.name if endpoint.target_ref else ""
+                labels = {"namespace": self.namespace, "service": service, "pod": pod, "endpoint": port.name}
+                found += [{"targets": [f"{ip}:{port.port}"], "labels": labels} for ip in endpoint.addresses]
+        return found
+
+    def _write(self) -> None:
+        written = self.path.with_suffix(".new")
+        written.write_text(json.dumps(self.targets()))
+        written.replace(self.path)
+
+    def _run(self) -> None:
+        while not self._stop.wait(2):
+            with contextlib.suppress(Exception):  # no answer this time: the file keeps the last targets
+                self._write()
+
+    def __enter__(self) -> ScrapeTargets:
+        self._write()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _prometheus_config(targets: Path, rules: Path) -> dict[str, Any]:
     return {
         "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
         "rule_files": [str(rules)],
         "scrape_configs": [
-            {
-                "job_name": "kubetriton-models",
-                "kubernetes_sd_configs": [
-                    {
-                        "role": "endpointslice",
-                        "kubeconfig_file": os.environ["KUBECONFIG"],
-                        "namespaces": {"names": [namespace]},
-                    }
-                ],
-                "relabel_configs": [
-                    {
-                        "source_labels": [f"{meta}endpointslice_port_name"],
-                        "regex": "metrics|worker",
-                        "action": "keep",
-                    },
-                    *(
-                        {"source_labels": [meta + source], "target_label": target}
-                        for target, source in labels.items()
-                    ),
-                ],
-            }
+            {"job_name": "kubetriton-models", "file_sd_configs": [{"files": [str(targets)]}]},
         ],
     }
 
@@ -547,6 +564,7 @@ def test_prometheus_answers_every_panel_and_rule_and_the_not_ready_alert_fires(
         == []
     )
     prometheus = None
+    stack = contextlib.ExitStack()  # the scrape targets' writer
     try:
         if created_crd:
             cluster.apply(RULES_CRD)
@@ -577,8 +595,9 @@ def test_prometheus_answers_every_panel_and_rule_and_the_not_ready_alert_fires(
             ),
             namespace,
         )
+        targets = stack.enter_context(ScrapeTargets(cluster, namespace, tmp_path / "targets.json"))
         config = tmp_path / "prometheus.yml"
-        config.write_text(yaml.safe_dump(_prometheus_config(namespace, rules)))
+        config.write_text(yaml.safe_dump(_prometheus_config(targets.path, rules)))
         port = _free_port()
         prometheus = subprocess.Popen(
             [
@@ -631,6 +650,7 @@ def test_prometheus_answers_every_panel_and_rule_and_the_not_ready_alert_fires(
         if prometheus is not None:
             prometheus.terminate()
             prometheus.wait(30)
+        stack.close()
         kubectl("delete", "pytritonmodel", FAILING, "-n", namespace, "--ignore-not-found", "--wait=true")
         _upgrade(settings, base)
         if created_crd:
