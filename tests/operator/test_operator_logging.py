@@ -115,3 +115,7 @@ async def test_an_outage_is_one_warning_and_one_info(cluster: ClusterEmulator, t
     assert log.index(warnings[0]) < log.index(infos[0])
     assert [line for line in log if "ERROR" in line or "Traceback" in line] == []
     assert not any("Request attempt" in line for line in log)
+    # The emulator has no ServiceMonitor CRD: a fact of the cluster, said at INFO.
+    assert not any("Unresolved resources" in line for line in log), "\n".join(log)
+    monitors = "servicemonitors.monitoring.coreos.com is not installed"
+    assert any("INFO" in line and monitors in line for line in log), "\n".join(log)

@@ -35,7 +35,7 @@ from typing import Any
 
 import aiohttp.web
 import kopf
-from kubetriton.operator import leader
+from kubetriton.operator import children, leader
 from kubetriton.operator.kube import KubeApi
 from kubetriton.operator.reconciler import (
     WATCH_HANDLERS,
@@ -129,6 +129,28 @@ class QuietWatchHandlers(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno != logging.INFO or record.getMessage() not in self._lines
+
+
+class OptionalMonitoring(logging.Filter):
+    """kopf warns at each start about watched resources whose CRD is missing. The ServiceMonitor's is
+    optional (the Prometheus Operator's): where it alone is missing, say so once at INFO, as a fact
+    of the cluster rather than a fault; a missing PyTritonModel CRD stays a WARNING."""
+
+    UNRESOLVED = "Unresolved resources cannot be served (try creating their CRDs): "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(self.UNRESOLVED):
+            return True
+        unresolved = message.removeprefix(self.UNRESOLVED)
+        monitors = f"any_name='{children.SERVICE_MONITOR.plural}'"
+        if unresolved.count("Selector(") == 1 and monitors in unresolved:
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = (
+                f"{children.SERVICE_MONITOR_CRD} is not installed: models get no ServiceMonitor until it is",
+                (),
+            )
+        return True
 
 
 def step_down(identity: str, outages: ApiOutages) -> None:
@@ -240,6 +262,7 @@ def run(args: argparse.Namespace) -> None:
     for handler in logging.getLogger().handlers:
         handler.addFilter(outages)
     logging.getLogger("kopf._cogs.clients").setLevel(logging.DEBUG)
+    logging.getLogger("kopf._core.reactor.observation").addFilter(OptionalMonitoring())
     if not args.verbose:
         logging.getLogger("kopf.objects").addFilter(QuietWatchHandlers(WATCH_HANDLERS))
     asyncio.run(serve(args, outages))
