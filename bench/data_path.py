@@ -11,6 +11,10 @@ the same workloads through the same tritonclient calls, made from a separate cli
 With --instances 2, the model of W1-W3 runs as two instances on both sides (two stubs for the limit,
 two proxy instances and worker threads for kubetriton).
 
+For W2 it also prints the mean batch the model executed (from Triton's metrics) and the CPU time each
+process spent per request over the run: the client process, tritonserver, the Python-backend stubs and,
+for kubetriton, the worker (this process). On a machine whose cores W2 fills, req/s follows these.
+
 Usage: python bench/data_path.py [--quick] [--instances N] [--json results.json]
 It prints every figure and the ratio kubetriton / limit (for latency, lower is better).
 """
@@ -22,12 +26,14 @@ import contextlib
 import functools
 import json
 import multiprocessing
+import os
 import secrets
 import statistics
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -103,14 +109,66 @@ def timed(call: Callable[[], object], count: int, warmup: int) -> list[float]:
     return samples
 
 
-def run_workloads(models: dict[str, str], quick: bool) -> dict[str, float]:
-    """Every workload against one server, from a client process of its own (as real clients are)."""
+def run_workloads(models: dict[str, str], quick: bool, worker: list[int]) -> dict[str, float]:
+    """Every workload against one server, from a client process of its own (as real clients are).
+    `worker` holds the pid of the process that runs kubetriton's worker, if any."""
+    servers = [pid for pid in _children(os.getpid()) if _program(pid) == "tritonserver"]
+    processes = {
+        "tritonserver": servers,
+        "stubs": [stub for server in servers for stub in _children(server)],
+        "worker": worker,
+    }
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(client_workloads, (models, quick))
+        return pool.apply(client_workloads, (models, quick, processes))
 
 
-def client_workloads(models: dict[str, str], quick: bool) -> dict[str, float]:
-    """Every workload against one server; `models` maps double/echo to the model names to query."""
+def _children(pid: int) -> list[int]:
+    children = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if entry.isdigit() and int(_stat(int(entry))[1]) == pid:
+                children.append(int(entry))
+    return children
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the program's name: state, ppid, ... (utime is [11])."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()
+
+
+def _program(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        return os.path.basename(cmdline.read().split(b"\0")[0].decode())
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU time of the processes, all their threads."""
+    ticks = 0
+    for pid in pids:
+        fields = _stat(pid)
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def model_counts(model: str) -> tuple[float, float]:
+    """Triton's count of inferences and of executions (batches) of `model` so far."""
+    with urllib.request.urlopen(f"http://localhost:{METRICS}/metrics") as answer:
+        text = answer.read().decode()
+    counts = {}
+    for name in ("nv_inference_count", "nv_inference_exec_count"):
+        prefix = f'{name}{{model="{model}",'
+        counts[name] = sum(
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)
+        )
+    return counts["nv_inference_count"], counts["nv_inference_exec_count"]
+
+
+def client_workloads(
+    models: dict[str, str], quick: bool, processes: dict[str, list[int]]
+) -> dict[str, float]:
+    """Every workload against one server; `models` maps double/echo to the model names to query, and
+    `processes` names the server's processes whose CPU time W2 reports."""
     figures: dict[str, float] = {}
     count = 300 if quick else 2000
     x16 = np.ones((1, 16), np.float32)
@@ -124,10 +182,19 @@ def client_workloads(models: dict[str, str], quick: bool) -> dict[str, float]:
             figures[f"W1 {protocol} p50 ms"] = statistics.quantiles(samples, n=100)[49] * 1000
             figures[f"W1 {protocol} p99 ms"] = statistics.quantiles(samples, n=100)[98] * 1000
 
+        processes = {"client": [os.getpid()], **processes}
         for protocol, module, port in (("http", httpclient, HTTP), ("grpc", grpcclient, GRPC)):
+            cpu_before = {name: cpu_seconds(pids) for name, pids in processes.items()}
+            counted = model_counts(models["double"])
             figures[f"W2 {protocol} 16 clients req/s"] = concurrent_throughput(
                 models["double"], module, port, 2.0 if quick else 6.0
             )
+            now = model_counts(models["double"])
+            inferences, executions = now[0] - counted[0], now[1] - counted[1]
+            figures[f"W2 {protocol} batch"] = inferences / executions
+            for name, pids in processes.items():
+                spent = cpu_seconds(pids) - cpu_before[name]
+                figures[f"W2 {protocol} CPU us/req {name}"] = spent / inferences * 1e6
 
         for mib in (16, 64):
             big = np.random.default_rng(mib).standard_normal((1, mib * 1024 * 1024 // 4)).astype(np.float32)
@@ -218,7 +285,7 @@ def measure_limit(quick: bool, instances: int) -> dict[str, float]:
         "native_echo": (NATIVE_ECHO, native_config("native_echo", "text", "out", "TYPE_STRING")),
     }
     with plain_triton(models):
-        return run_workloads({"double": "native_double", "echo": "native_echo"}, quick)
+        return run_workloads({"double": "native_double", "echo": "native_echo"}, quick, worker=[])
 
 
 def bind_models(triton: Triton, instances: int = 1) -> None:
@@ -245,7 +312,7 @@ def measure_kubetriton(quick: bool, instances: int) -> dict[str, float]:
     config = TritonConfig(http_port=HTTP, grpc_port=GRPC, metrics_port=METRICS, exit_timeout_secs=5)
     with Triton(config=config) as triton:
         bind_models(triton, instances)
-        return run_workloads({"double": "double", "echo": "echo"}, quick)
+        return run_workloads({"double": "double", "echo": "echo"}, quick, worker=[os.getpid()])
 
 
 def main() -> int:
@@ -258,9 +325,10 @@ def main() -> int:
     args = parser.parse_args()
     limit = measure_limit(args.quick, args.instances)
     ours = measure_kubetriton(args.quick, args.instances)
-    print(f"{'figure':<28}{'limit':>12}{'kubetriton':>12}{'ratio':>8}")
+    print(f"{'figure':<34}{'limit':>12}{'kubetriton':>12}{'ratio':>8}")
     for key, value in limit.items():
-        print(f"{key:<28}{value:>12.3f}{ours[key]:>12.3f}{ours[key] / value:>8.2f}")
+        ratio = f"{ours[key] / value:>8.2f}" if value else f"{'-':>8}"
+        print(f"{key:<34}{value:>12.3f}{ours[key]:>12.3f}{ratio}")
     if args.json:
         args.json.write_text(json.dumps({"limit": limit, "kubetriton": ours}, indent=2) + "\n")
     return 0
