@@ -69,6 +69,17 @@ def retains_input(requests):
     return [{"y": request["x"].copy()} for request in requests]
 
 
+def names_requested_outputs(requests):
+    """Answers, in `asked`, which outputs Triton says each request's client asked for."""
+    return [
+        {
+            "asked": np.array([[",".join(request.requested_output_names or []).encode()]], object),
+            "y": request["x"],
+        }
+        for request in requests
+    ]
+
+
 FLOAT_IN = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
 FLOAT_OUT = [Tensor(name="y", shape=(-1,), dtype=np.float32)]
 
@@ -114,6 +125,13 @@ def server() -> Iterator[dict[str, str]]:
                 negate_three,
                 [Tensor(name=name, shape=(-1,), dtype=np.float32) for name in "abc"],
                 [Tensor(name=f"{name}_negated", shape=(-1,), dtype=np.float32) for name in "abc"],
+                config=batching,
+            )
+            triton.bind(
+                "names_requested_outputs",
+                names_requested_outputs,
+                FLOAT_IN,
+                [Tensor(name="asked", shape=(-1,), dtype=bytes), *FLOAT_OUT],
                 config=batching,
             )
             triton.bind("writes_into_input", writes_into_input, FLOAT_IN, FLOAT_OUT, config=batching)
@@ -198,6 +216,25 @@ def test_large_bytes_go_through_the_arena(server, protocol):
 def test_identity_lambda_returns_its_requests(server, protocol):
     x = np.array([[1.5], [2.5]], dtype=np.float32)
     assert np.array_equal(infer(server, protocol, "Identity", {"INPUT_1": x})["OUTPUT_1"], x)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(
+    "requested, seen",
+    [(["y", "asked"], "asked,y"), (["asked"], "asked"), ([], "asked,y")],  # none named: Triton asks for all
+    ids=["both", "one", "none"],
+)
+def test_requested_outputs_reach_the_callable(server, protocol, requested, seen):
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(server[protocol])
+    try:
+        x = module.InferInput("x", [1, 2], "FP32")
+        x.set_data_from_numpy(np.ones((1, 2), np.float32))
+        outputs = [module.InferRequestedOutput(name) for name in requested] or None
+        result = client.infer("names_requested_outputs", [x], outputs=outputs)
+    finally:
+        client.close()
+    assert result.as_numpy("asked").tolist() == [[seen.encode()]]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
