@@ -261,14 +261,24 @@ class Cluster:
         return self.core.read_namespaced_pod(name, namespace).status.phase
 
     def pod_log(self, name: str, namespace: str) -> str:
-        """The pod's log; empty while its container has not started (the API answers 400 then) or has
-        written nothing yet (the client returns None then)."""
+        """The pod's log; empty while its container has not started (the API answers 400 then, or 404
+        while the node's kubelet does not know the pod yet) or has written nothing yet (the client
+        returns None then)."""
         try:
             return self.core.read_namespaced_pod_log(name, namespace) or ""
         except ApiException as error:
-            if error.status == 400:
+            if error.status == 400 or (error.status == 404 and self.pod_exists(name, namespace)):
                 return ""
             raise
+
+    def pod_exists(self, name: str, namespace: str) -> bool:
+        try:
+            self.core.read_namespaced_pod(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
 
     def delete_pod(self, name: str, namespace: str) -> None:
         with contextlib.suppress(ApiException):
