@@ -187,6 +187,26 @@ class Cluster:
         listed = self.core.list_namespaced_pod(namespace, label_selector=selector)
         return {pod.metadata.name: pod for pod in listed.items}
 
+    def restarts(self, name: str, namespace: str) -> str:
+        """Every restarted container of the model's pods: how it last ended and the end of its log then,
+        to be read before the pods go (a test that counts failed requests prints it)."""
+        lines = []
+        for pod_name, pod in sorted(self.model_pods(name, namespace).items()):
+            for status in pod.status.container_statuses or []:
+                if not status.restart_count:
+                    continue
+                ended = status.last_state.terminated if status.last_state else None
+                how = f"exit {ended.exit_code} ({ended.reason}, signal {ended.signal})" if ended else "?"
+                try:
+                    log = self.core.read_namespaced_pod_log(
+                        pod_name, namespace, container=status.name, previous=True, tail_lines=30
+                    )
+                except ApiException as error:
+                    log = f"(no previous log: {error.status})"
+                title = f"{pod_name}/{status.name} restarted {status.restart_count}x, last {how}:"
+                lines += [title, log or ""]
+        return "\n".join(lines)
+
     def wait_until_serving(self, name: str, namespace: str, replicas: int, timeout_s: float) -> None:
         """Until the model is Ready with `replicas` pods, none of them stopping."""
         wait_for(lambda: self.settled(name, namespace, set(), replicas), timeout_s, f"{name} Ready")

@@ -163,6 +163,7 @@ def test_deploy_into_a_users_image_serves_and_rolls_an_edited_script(
         wait_for(lambda: cluster.settled(name, namespace, before, 1), 600, "the old pod to be gone")
         time.sleep(3)
         outcome = _latest(cluster.pod_log(LOAD_POD, namespace))
+        restarts = cluster.restarts(name, namespace)
         with port_forward(namespace, f"service/{name}", 8000) as local:
             assert about(f"http://127.0.0.1:{local}").startswith("v2 numpy ")
     finally:
@@ -171,6 +172,7 @@ def test_deploy_into_a_users_image_serves_and_rolls_an_edited_script(
             [sys.executable, "-m", "kubetriton.cli", "delete", name, "-n", namespace], capture_output=True
         )
     print(f"{image}: the edited script rolled in {took:.1f} s under load: {json.dumps(outcome)}")
+    print(restarts or "no container of the model's pods restarted")
     for client_name, counts in outcome.items():
         assert counts["ok"] > 0, f"{client_name} got no answer"
         if client_name == PLAIN_HTTP:  # as in test_rollout: one request per stopped pod at most

@@ -125,11 +125,13 @@ def test_pods_stop_under_load_without_a_failed_request(
         time.sleep(3)
         load_log = cluster.pod_log(LOAD_POD, namespace)
         outcome = _latest(load_log)
+        restarts = cluster.restarts(NAME, namespace)
         assert cluster.pod_phase(LOAD_POD, namespace) == "Running", load_log[-2000:]
     finally:
         cluster.delete_pod(LOAD_POD, namespace)
         kubectl("delete", "pytritonmodel", NAME, "-n", namespace, "--ignore-not-found", "--wait=true")
     print(f"{stopped_pods} pods stopped under load: {json.dumps(outcome, indent=1)}")
+    print(restarts or "no container of the model's pods restarted")
     assert set(outcome) == {"ModelClient http", "ModelClient grpc", PLAIN_HTTP, "DecoupledModelClient stream"}
     for name, counts in outcome.items():
         assert counts["ok"] > 0, f"{name} got no answer"
