@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import select
 import socket
+import threading
+import time
 
+import kubetriton.worker as worker_module
 import numpy as np
 import pytest
 from kubetriton.transport import (
+    BUSY_POLL_US,
     CANCEL,
     CONTROL,
     DECOUPLED,
@@ -14,9 +20,11 @@ from kubetriton.transport import (
     FINAL,
     HELLO,
     HOP_DATAGRAM_BYTES,
+    PARAM_BUSY_POLL_US,
     REPLY,
     REQUEST,
     Arena,
+    BusyPoll,
     Hop,
     decode_message,
     decode_tensor,
@@ -25,6 +33,8 @@ from kubetriton.transport import (
     encode_response_entry,
     encode_tensor,
 )
+from kubetriton.worker import ENV_BUSY_POLL_US, TransportSettings, busy_poll_us
+from pytriton.exceptions import PyTritonValidationError
 
 
 @pytest.fixture
@@ -153,3 +163,77 @@ def test_a_reply_header_carries_its_responses():
 def test_a_dtype_that_cannot_cross_is_refused():
     with pytest.raises(TypeError, match="cannot cross"):
         encode_tensor("when", np.array(["2026-11-26"], dtype="datetime64[ns]"), [], None, [])
+
+
+def _send_later(hop: Hop, delay_s: float) -> threading.Thread:
+    sender = threading.Thread(target=lambda: (time.sleep(delay_s), hop.send([b"soon"])))
+    sender.start()
+    return sender
+
+
+def test_busy_poll_catches_a_message_that_comes_within_its_window(hops):
+    proxy, worker = hops
+    busy_poll = BusyPoll(window_us=2_000_000)
+    busy_poll.waited(1_000)  # the last message came quickly
+    sender = _send_later(proxy, 0.05)
+    started = time.monotonic()
+    ready = busy_poll.poll(worker.poller, single=True)
+    sender.join()
+    assert ready == [(worker.fileno(), select.POLLIN)]
+    assert time.monotonic() - started < 1.0
+    assert [bytes(frame) for frame in worker.receive()] == [b"soon"]
+
+
+def test_busy_poll_gives_up_at_the_end_of_its_window(hops):
+    _proxy, worker = hops
+    busy_poll = BusyPoll(window_us=30_000)
+    busy_poll.waited(1_000)
+    started = time.monotonic()
+    assert busy_poll.poll(worker.poller, single=True) == []
+    assert time.monotonic() - started >= 0.03
+
+
+@pytest.mark.parametrize(
+    ("window_us", "last_wait_ns", "single"),
+    [(2_000_000, None, True), (2_000_000, 3_000_000_000, True), (2_000_000, 1_000, False), (0, 0, True)],
+    ids=["nothing-waited-yet", "last-wait-longer-than-the-window", "a-batch-of-several", "window-0"],
+)
+def test_busy_poll_does_not_poll_where_it_would_not_pay(hops, window_us, last_wait_ns, single):
+    _proxy, worker = hops
+    busy_poll = BusyPoll(window_us)
+    if last_wait_ns is not None:
+        busy_poll.waited(last_wait_ns)
+    started = time.monotonic()
+    assert busy_poll.poll(worker.poller, single) == []
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize(("configured", "window_us"), [("0", 0), ("250", 250), (" 40 ", 40)])
+def test_the_polling_window_can_be_set(monkeypatch, configured, window_us):
+    monkeypatch.setenv(ENV_BUSY_POLL_US, configured)
+    assert busy_poll_us() == window_us
+
+
+@pytest.mark.parametrize("configured", ["-1", "fast", ""])
+def test_a_polling_window_that_is_no_number_is_refused(monkeypatch, configured):
+    monkeypatch.setenv(ENV_BUSY_POLL_US, configured)
+    with pytest.raises(PyTritonValidationError, match=ENV_BUSY_POLL_US):
+        busy_poll_us()
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "window_us"),
+    [("max 100000\n", BUSY_POLL_US), ("200000 100000\n", BUSY_POLL_US), ("150000 100000\n", 0), (None, 0)],
+    ids=["no-limit", "limit-2-cpus", "limit-1.5-cpus", "one-cpu-no-cgroup-file"],
+)
+def test_the_worker_polls_by_default_only_with_two_cpus_or_more(monkeypatch, tmp_path, cpu_max, window_us):
+    monkeypatch.delenv(ENV_BUSY_POLL_US, raising=False)
+    monkeypatch.setattr(worker_module, "CGROUP_CPU_MAX", tmp_path / "cpu.max")
+    if cpu_max is None:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    else:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+        (tmp_path / "cpu.max").write_text(cpu_max)
+    assert busy_poll_us() == window_us
+    settings = TransportSettings(tmp_path, tmp_path, 1024)
+    assert settings.model_parameters("model", 1)[PARAM_BUSY_POLL_US] == str(window_us)

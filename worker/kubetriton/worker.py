@@ -37,11 +37,12 @@ import numpy as np
 import zmq
 import zmq.utils.monitor
 from pytriton.decorators import TritonContext, use_triton_context
-from pytriton.exceptions import PyTritonModelConfigError, PyTritonUnrecoverableError
+from pytriton.exceptions import PyTritonModelConfigError, PyTritonUnrecoverableError, PyTritonValidationError
 from pytriton.proxy.types import Request
 
 from kubetriton.model_repository import ModelSpec
 from kubetriton.transport import (
+    BUSY_POLL_US,
     CANCEL,
     CONTROL,
     DECOUPLED,
@@ -52,12 +53,14 @@ from kubetriton.transport import (
     PARAM_ADDRESS,
     PARAM_ARENA_BYTES,
     PARAM_ARENA_DIR,
+    PARAM_BUSY_POLL_US,
     PARAM_HOP_PATH,
     PARAM_INLINE_LIMIT,
     REPLY,
     REQUEST,
     Arena,
     ArenaFullError,
+    BusyPoll,
     Hop,
     Message,
     decode_message,
@@ -93,6 +96,39 @@ class Reply(NamedTuple):
 FINAL_REPLY = Reply(FINAL, [], [])
 
 
+ENV_BUSY_POLL_US = "KUBETRITON_BUSY_POLL_US"
+"""How many microseconds the worker's instances and their proxies poll for a message before they sleep
+(`BusyPoll`); 0 never polls."""
+
+
+def busy_poll_us() -> int:
+    """The polling window: KUBETRITON_BUSY_POLL_US where set; otherwise `BUSY_POLL_US` where this process
+    may use two CPUs or more, and 0 where it may use fewer, since there the CPU spent polling is taken
+    from the work it waits for, and counts against the CPU limit."""
+    configured = os.environ.get(ENV_BUSY_POLL_US)
+    if configured is None:
+        return BUSY_POLL_US if usable_cpus() >= 2 else 0
+    if not configured.strip().isdigit():
+        raise PyTritonValidationError(
+            f"{ENV_BUSY_POLL_US}={configured!r} is not a whole number of microseconds (0 never polls)"
+        )
+    return int(configured)
+
+
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+"""The CPU limit of this process's cgroup (v2, as a container sees it): its quota and period, or `max`."""
+
+
+def usable_cpus() -> float:
+    """The CPUs this process may use: those it may run on, or its cgroup's CPU limit where lower."""
+    cpus = float(len(os.sched_getaffinity(0)))
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = CGROUP_CPU_MAX.read_text().split()
+        if quota != "max":
+            cpus = min(cpus, int(quota) / int(period))
+    return cpus
+
+
 @dataclass(frozen=True)
 class TransportSettings:
     """Where the proxy instances of a model reach the worker, and how tensors travel."""
@@ -101,6 +137,7 @@ class TransportSettings:
     arena_dir: Path
     arena_bytes: int
     inline_limit: int = INLINE_LIMIT
+    busy_poll_us: int = field(default_factory=busy_poll_us)
 
     def address(self, model: str, instance: int | str) -> str:
         return f"ipc://{self.sockets_dir}/{model}.{instance}"
@@ -122,6 +159,7 @@ class TransportSettings:
             PARAM_ARENA_DIR: str(self.arena_dir),
             PARAM_ARENA_BYTES: str(self.arena_bytes),
             PARAM_INLINE_LIMIT: str(self.inline_limit),
+            PARAM_BUSY_POLL_US: str(self.busy_poll_us),
         }
 
 
@@ -330,6 +368,9 @@ class InstanceServer(threading.Thread):
         self._listener.listen()
         self._poller = select.poll()
         self._poller.register(self._listener, select.POLLIN)
+        self._busy_poll = BusyPoll(transport.busy_poll_us)
+        self._single = False
+        """Whether the last batch held a single request."""
         self._peers: dict[int, Peer] = {}
         """The attached proxy instances, by their hop's descriptor."""
         self._stopping = threading.Event()
@@ -407,17 +448,22 @@ class InstanceServer(threading.Thread):
         monitor = self._monitor.get(zmq.FD)
         self._poller.register(monitor, select.POLLIN)
         self._track_connections()
+        idle_since = time.perf_counter_ns()
         while not self._stopping.is_set():
             if self._backlog:
                 self._serve_one(*self._backlog.popleft())
+                idle_since = time.perf_counter_ns()
                 continue
-            for descriptor, _ in self._poller.poll(POLL_INTERVAL_MS):
+            ready = self._busy_poll.poll(self._poller, self._single) or self._poller.poll(POLL_INTERVAL_MS)
+            self._busy_poll.waited(time.perf_counter_ns() - idle_since)
+            for descriptor, _ in ready:
                 if descriptor in self._peers:
                     self._receive_from(self._peers[descriptor])
                 elif descriptor == listener:
                     self._accept()
                 elif descriptor == monitor:
                     self._track_connections()
+            idle_since = time.perf_counter_ns()
 
     def _track_connections(self) -> None:
         """Count the attach and detach events waiting. ZeroMQ's descriptor signals only new arrivals, so
@@ -458,6 +504,7 @@ class InstanceServer(threading.Thread):
             responses_arena.free(offset)
         if message.kind != REQUEST:
             return
+        self._single = len(message.entries) == 1
         self.in_flight += 1
         started = time.perf_counter()
         try:

@@ -40,11 +40,13 @@ from kubetriton.transport import (
     PARAM_ADDRESS,
     PARAM_ARENA_BYTES,
     PARAM_ARENA_DIR,
+    PARAM_BUSY_POLL_US,
     PARAM_HOP_PATH,
     PARAM_INLINE_LIMIT,
     REQUEST,
     Arena,
     ArenaFullError,
+    BusyPoll,
     Descriptor,
     Hop,
     Message,
@@ -109,6 +111,7 @@ class TritonPythonModel:
         self._presence.connect(parameters[PARAM_ADDRESS].format(instance=instance))
         self._hop_path = parameters[PARAM_HOP_PATH].format(instance=instance)
         self._hop: Hop | None = None
+        self._busy_poll = BusyPoll(int(parameters.get(PARAM_BUSY_POLL_US, 0)))
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         if self._decoupled:
@@ -116,7 +119,7 @@ class TritonPythonModel:
             return None
         try:
             message_id = self._send(requests)
-            reply, data = self._receive(message_id)
+            reply, data = self._receive(message_id, single=len(requests) == 1)
         except Exception as error:
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))) for _ in requests]
         if reply.kind == ERROR:
@@ -130,7 +133,7 @@ class TritonPythonModel:
             message_id = self._send(requests)
             next_check = time.monotonic() + CANCEL_CHECK_S
             while True:
-                reply, data = self._receive(message_id)
+                reply, data = self._receive(message_id, single=False)
                 if reply.kind == ERROR:
                     error = pb_utils.TritonError(reply.text)
                     for sender in senders:
@@ -195,11 +198,15 @@ class TritonPythonModel:
         hop.send([encode_message(REQUEST, self._next_id, entries, released, flags=flags), *frames])
         return self._next_id
 
-    def _receive(self, message_id: int) -> tuple[Message, list[memoryview]]:
-        """Wait for the worker's reply to `message_id`; fail as soon as the worker's end of the hop closes."""
+    def _receive(self, message_id: int, single: bool) -> tuple[Message, list[memoryview]]:
+        """Wait for the worker's reply to `message_id` (polling first for the reply to a single request, see
+        `BusyPoll`); fail as soon as the worker's end of the hop closes."""
         assert self._hop is not None
         while True:
+            started = time.perf_counter_ns()
+            self._busy_poll.poll(self._hop.poller, single)
             frames = self._hop.receive()
+            self._busy_poll.waited(time.perf_counter_ns() - started)
             if frames is None:
                 self._forget_worker()
                 raise WorkerUnavailableError(
