@@ -11,9 +11,10 @@ the same workloads through the same tritonclient calls, made from a separate cli
 With --instances 2, the model of W1-W3 runs as two instances on both sides (two stubs for the limit,
 two proxy instances and worker threads for kubetriton).
 
-For W2 it also prints the mean batch the model executed (from Triton's metrics) and the CPU time each
-process spent per request over the run: the client process, tritonserver, the Python-backend stubs and,
-for kubetriton, the worker (this process). On a machine whose cores W2 fills, req/s follows these.
+For W1 and W2 it also prints the CPU time each process spent per request over the run: the client
+process, tritonserver, the Python-backend stubs and, for kubetriton, the worker (this process), which
+shows what polling for the next message costs (see `BusyPoll`); for W2 also the mean batch the model
+executed (from Triton's metrics). On a machine whose cores W2 fills, req/s follows these.
 
 Usage: python bench/data_path.py [--quick] [--instances N] [--json results.json]
 It prints every figure and the ratio kubetriton / limit (for latency, lower is better).
@@ -175,14 +176,19 @@ def client_workloads(
 
     http = httpclient.InferenceServerClient(f"localhost:{HTTP}")
     grpc = grpcclient.InferenceServerClient(f"localhost:{GRPC}")
+    processes = {"client": [os.getpid()], **processes}
     try:
         for protocol, client, module in (("http", http, httpclient), ("grpc", grpc, grpcclient)):
             inputs = [http_input("x", x16, module)]
-            samples = timed(functools.partial(client.infer, models["double"], inputs), count, count // 10)
+            infer = functools.partial(client.infer, models["double"], inputs)
+            timed(infer, 0, count // 10)
+            cpu_before = {name: cpu_seconds(pids) for name, pids in processes.items()}
+            samples = timed(infer, count, 0)
             figures[f"W1 {protocol} p50 ms"] = statistics.quantiles(samples, n=100)[49] * 1000
             figures[f"W1 {protocol} p99 ms"] = statistics.quantiles(samples, n=100)[98] * 1000
-
-        processes = {"client": [os.getpid()], **processes}
+            for name, pids in processes.items():
+                spent = cpu_seconds(pids) - cpu_before[name]
+                figures[f"W1 {protocol} CPU us/req {name}"] = spent / count * 1e6
         for protocol, module, port in (("http", httpclient, HTTP), ("grpc", grpcclient, GRPC)):
             cpu_before = {name: cpu_seconds(pids) for name, pids in processes.items()}
             counted = model_counts(models["double"])

@@ -23,6 +23,7 @@ from kubetriton.transport import (
     PARAM_BUSY_POLL_US,
     REPLY,
     REQUEST,
+    SINGLES_BEFORE_POLLING,
     Arena,
     BusyPoll,
     Hop,
@@ -171,13 +172,19 @@ def _send_later(hop: Hop, delay_s: float) -> threading.Thread:
     return sender
 
 
+def _single_requests_came_quickly(busy_poll: BusyPoll) -> None:
+    for _ in range(SINGLES_BEFORE_POLLING):
+        busy_poll.batch(1)
+    busy_poll.waited(1_000)
+
+
 def test_busy_poll_catches_a_message_that_comes_within_its_window(hops):
     proxy, worker = hops
     busy_poll = BusyPoll(window_us=2_000_000)
-    busy_poll.waited(1_000)  # the last message came quickly
+    _single_requests_came_quickly(busy_poll)
     sender = _send_later(proxy, 0.05)
     started = time.monotonic()
-    ready = busy_poll.poll(worker.poller, single=True)
+    ready = busy_poll.poll(worker.poller)
     sender.join()
     assert ready == [(worker.fileno(), select.POLLIN)]
     assert time.monotonic() - started < 1.0
@@ -187,24 +194,32 @@ def test_busy_poll_catches_a_message_that_comes_within_its_window(hops):
 def test_busy_poll_gives_up_at_the_end_of_its_window(hops):
     _proxy, worker = hops
     busy_poll = BusyPoll(window_us=30_000)
-    busy_poll.waited(1_000)
+    _single_requests_came_quickly(busy_poll)
     started = time.monotonic()
-    assert busy_poll.poll(worker.poller, single=True) == []
+    assert busy_poll.poll(worker.poller) == []
     assert time.monotonic() - started >= 0.03
 
 
 @pytest.mark.parametrize(
-    ("window_us", "last_wait_ns", "single"),
-    [(2_000_000, None, True), (2_000_000, 3_000_000_000, True), (2_000_000, 1_000, False), (0, 0, True)],
-    ids=["nothing-waited-yet", "last-wait-longer-than-the-window", "a-batch-of-several", "window-0"],
+    ("window_us", "batches", "last_wait_ns"),
+    [
+        (2_000_000, [1] * SINGLES_BEFORE_POLLING, None),
+        (2_000_000, [1] * SINGLES_BEFORE_POLLING, 3_000_000_000),
+        (2_000_000, [1] * (SINGLES_BEFORE_POLLING - 1), 1_000),
+        (2_000_000, [1] * SINGLES_BEFORE_POLLING + [2], 1_000),
+        (0, [1] * SINGLES_BEFORE_POLLING, 0),
+    ],
+    ids=["nothing-waited-yet", "last-wait-too-long", "too-few-singles", "a-batch-of-two", "window-0"],
 )
-def test_busy_poll_does_not_poll_where_it_would_not_pay(hops, window_us, last_wait_ns, single):
+def test_busy_poll_does_not_poll_where_it_would_not_pay(hops, window_us, batches, last_wait_ns):
     _proxy, worker = hops
     busy_poll = BusyPoll(window_us)
+    for requests in batches:
+        busy_poll.batch(requests)
     if last_wait_ns is not None:
         busy_poll.waited(last_wait_ns)
     started = time.monotonic()
-    assert busy_poll.poll(worker.poller, single) == []
+    assert busy_poll.poll(worker.poller) == []
     assert time.monotonic() - started < 1.0
 
 

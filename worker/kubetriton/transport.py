@@ -156,8 +156,10 @@ class Arena:
                 os.unlink(self.path)
 
 
-BUSY_POLL_US = 1000
+BUSY_POLL_US = 2000
 """How long a thread that waits for a message polls for it before it sleeps, when polling is worth it."""
+SINGLES_BEFORE_POLLING = 4
+"""How many batches in a row must have held a single request before a waiting thread polls."""
 
 
 class BusyPoll:
@@ -168,17 +170,23 @@ class BusyPoll:
     cold meanwhile, which slows every step that follows. For a small request that is most of a hop's cost.
     Polling without sleeping (yielding the CPU to any thread that is ready to run) avoids both, at the
     price of the CPU spent polling, so it is done only where it is likely to pay: when the last wait ended
-    within the window, and the last batch held a single request (a batch of several means that requests
-    queue, so the CPU has other work to do, which polling would take from it). A window of 0 never polls.
+    within the window, and the last few batches each held a single request (batches of several mean that
+    requests queue, so the CPU has other work to do, which polling would take from it). A window of 0
+    never polls.
     """
 
     def __init__(self, window_us: int) -> None:
         self.window_ns = window_us * 1000
         self._recent = False
+        self._singles = 0
 
-    def poll(self, poller: select.poll, single: bool) -> list[tuple[int, int]]:
+    def batch(self, requests: int) -> None:
+        """Record the number of requests in the batch this thread works on now."""
+        self._singles = self._singles + 1 if requests == 1 else 0
+
+    def poll(self, poller: select.poll) -> list[tuple[int, int]]:
         """What `poller` finds ready within the window, if polling is worth it now; empty otherwise."""
-        if not (single and self._recent):
+        if not (self._recent and self._singles >= SINGLES_BEFORE_POLLING):
             return []
         deadline = time.perf_counter_ns() + self.window_ns
         while True:

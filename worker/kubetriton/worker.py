@@ -369,8 +369,6 @@ class InstanceServer(threading.Thread):
         self._poller = select.poll()
         self._poller.register(self._listener, select.POLLIN)
         self._busy_poll = BusyPoll(transport.busy_poll_us)
-        self._single = False
-        """Whether the last batch held a single request."""
         self._peers: dict[int, Peer] = {}
         """The attached proxy instances, by their hop's descriptor."""
         self._stopping = threading.Event()
@@ -454,7 +452,7 @@ class InstanceServer(threading.Thread):
                 self._serve_one(*self._backlog.popleft())
                 idle_since = time.perf_counter_ns()
                 continue
-            ready = self._busy_poll.poll(self._poller, self._single) or self._poller.poll(POLL_INTERVAL_MS)
+            ready = self._busy_poll.poll(self._poller) or self._poller.poll(POLL_INTERVAL_MS)
             self._busy_poll.waited(time.perf_counter_ns() - idle_since)
             for descriptor, _ in ready:
                 if descriptor in self._peers:
@@ -504,7 +502,7 @@ class InstanceServer(threading.Thread):
             responses_arena.free(offset)
         if message.kind != REQUEST:
             return
-        self._single = len(message.entries) == 1
+        self._busy_poll.batch(len(message.entries))
         self.in_flight += 1
         started = time.perf_counter()
         try:

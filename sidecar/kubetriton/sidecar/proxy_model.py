@@ -118,8 +118,9 @@ class TritonPythonModel:
             self._execute_decoupled(requests)
             return None
         try:
+            self._busy_poll.batch(len(requests))
             message_id = self._send(requests)
-            reply, data = self._receive(message_id, single=len(requests) == 1)
+            reply, data = self._receive(message_id)
         except Exception as error:
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))) for _ in requests]
         if reply.kind == ERROR:
@@ -133,7 +134,7 @@ class TritonPythonModel:
             message_id = self._send(requests)
             next_check = time.monotonic() + CANCEL_CHECK_S
             while True:
-                reply, data = self._receive(message_id, single=False)
+                reply, data = self._receive(message_id)
                 if reply.kind == ERROR:
                     error = pb_utils.TritonError(reply.text)
                     for sender in senders:
@@ -198,13 +199,13 @@ class TritonPythonModel:
         hop.send([encode_message(REQUEST, self._next_id, entries, released, flags=flags), *frames])
         return self._next_id
 
-    def _receive(self, message_id: int, single: bool) -> tuple[Message, list[memoryview]]:
-        """Wait for the worker's reply to `message_id` (polling first for the reply to a single request, see
-        `BusyPoll`); fail as soon as the worker's end of the hop closes."""
+    def _receive(self, message_id: int) -> tuple[Message, list[memoryview]]:
+        """Wait for the worker's reply to `message_id` (polling first while single requests come quickly,
+        see `BusyPoll`; never for a stream's); fail as soon as the worker's end of the hop closes."""
         assert self._hop is not None
         while True:
             started = time.perf_counter_ns()
-            self._busy_poll.poll(self._hop.poller, single)
+            self._busy_poll.poll(self._hop.poller)
             frames = self._hop.receive()
             self._busy_poll.waited(time.perf_counter_ns() - started)
             if frames is None:
