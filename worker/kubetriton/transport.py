@@ -168,11 +168,12 @@ class BusyPoll:
     A thread that sleeps in a receive is woken by the kernel when the message arrives: tens of microseconds
     on an idle CPU, more on a virtual machine, whose idle vCPU must be woken too and whose caches have gone
     cold meanwhile, which slows every step that follows. For a small request that is most of a hop's cost.
-    Polling without sleeping (yielding the CPU to any thread that is ready to run) avoids both, at the
-    price of the CPU spent polling, so it is done only where it is likely to pay: when the last wait ended
-    within the window, and the last few batches each held a single request (batches of several mean that
-    requests queue, so the CPU has other work to do, which polling would take from it). A window of 0
-    never polls.
+    Polling without sleeping avoids both, at the price of the CPU spent polling, so it is done only where
+    it is likely to pay: when the last wait ended within the window, and the last few batches each held a
+    single request (batches of several mean that requests queue, so the CPU has other work to do, which
+    polling would take from it). Each poll is a system call, at which the kernel runs any thread that
+    woke meanwhile in its place; the poller does not yield the CPU between polls, since that was measured
+    to delay Triton's own work on the response (bench/RESULTS.md). A window of 0 never polls.
     """
 
     def __init__(self, window_us: int) -> None:
@@ -193,7 +194,6 @@ class BusyPoll:
             ready = poller.poll(0)
             if ready or time.perf_counter_ns() >= deadline:
                 return ready
-            os.sched_yield()
 
     def waited(self, nanoseconds: int) -> None:
         """Record how long the last wait for a message took, polling included."""
