@@ -252,3 +252,14 @@ def test_the_worker_polls_by_default_only_with_two_cpus_or_more(monkeypatch, tmp
     assert busy_poll_us() == window_us
     settings = TransportSettings(tmp_path, tmp_path, 1024)
     assert settings.model_parameters("model", 1)[PARAM_BUSY_POLL_US] == str(window_us)
+
+
+def test_busy_poll_stops_once_the_process_is_busy_elsewhere(hops):
+    _proxy, worker = hops
+    busy_poll = BusyPoll(window_us=2_000_000)
+    _single_requests_came_quickly(busy_poll)
+    another_thread_busy = threading.Event()
+    threading.Timer(0.05, another_thread_busy.set).start()
+    started = time.monotonic()
+    assert busy_poll.poll(worker.poller, busy_elsewhere=another_thread_busy.is_set) == []
+    assert 0.05 <= time.monotonic() - started < 1.0

@@ -185,14 +185,19 @@ class BusyPoll:
         """Record the number of requests in the batch this thread works on now."""
         self._singles = self._singles + 1 if requests == 1 else 0
 
-    def poll(self, poller: select.poll) -> list[tuple[int, int]]:
-        """What `poller` finds ready within the window, if polling is worth it now; empty otherwise."""
+    def poll(
+        self, poller: select.poll, busy_elsewhere: Callable[[], bool] = lambda: False
+    ) -> list[tuple[int, int]]:
+        """What `poller` finds ready within the window, if polling is worth it now; empty otherwise.
+
+        Polling stops early once `busy_elsewhere()` is true: in a process whose other threads need the
+        CPU or the GIL, which a polling thread holds between its polls."""
         if not (self._recent and self._singles >= SINGLES_BEFORE_POLLING):
             return []
         deadline = time.perf_counter_ns() + self.window_ns
         while True:
             ready = poller.poll(0)
-            if ready or time.perf_counter_ns() >= deadline:
+            if ready or time.perf_counter_ns() >= deadline or busy_elsewhere():
                 return ready
 
     def waited(self, nanoseconds: int) -> None:

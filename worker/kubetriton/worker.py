@@ -452,7 +452,7 @@ class InstanceServer(threading.Thread):
                 self._serve_one(*self._backlog.popleft())
                 idle_since = time.perf_counter_ns()
                 continue
-            ready = self._busy_poll.poll(self._poller) or self._poller.poll(POLL_INTERVAL_MS)
+            ready = self._busy_poll.poll(self._poller, _any_serving) or self._poller.poll(POLL_INTERVAL_MS)
             self._busy_poll.waited(time.perf_counter_ns() - idle_since)
             for descriptor, _ in ready:
                 if descriptor in self._peers:
@@ -504,6 +504,7 @@ class InstanceServer(threading.Thread):
             return
         self._busy_poll.batch(len(message.entries))
         self.in_flight += 1
+        _SERVING.add(self)
         started = time.perf_counter()
         try:
             data = frames[1:]
@@ -523,6 +524,7 @@ class InstanceServer(threading.Thread):
             LOGGER.info("Model %s instance %d: the proxy went away: %s", self.spec.name, self.instance, error)
             self._drop(peer)
         finally:
+            _SERVING.discard(self)
             self.in_flight -= 1
             self.requests += len(message.entries)
             self.busy_seconds += time.perf_counter() - started
@@ -674,6 +676,15 @@ class InstanceServer(threading.Thread):
 
 _INSTANCES: weakref.WeakSet[InstanceServer] = weakref.WeakSet()
 """Every instance server of this process, for `arena_blocks_in_use`."""
+_SERVING: set[InstanceServer] = set()
+"""The instance servers of this process that are working on a batch now. Another instance polls for its
+next request only while this is empty: the GIL that a polling thread holds between its polls is what a
+callable running on another thread needs."""
+
+
+def _any_serving() -> bool:
+    """Whether an instance server is working on a batch; asked by those that are not."""
+    return bool(_SERVING)
 
 
 def arena_blocks_in_use() -> int:
