@@ -6,7 +6,11 @@ only after a million requests. This script starts `Triton()` in a process of its
 tensors and strings, over HTTP and gRPC, through `tritonclient` and `ModelClient`, and checks every
 answer. Every 10 s it samples, for the worker process (the one that runs `Triton()`), for tritonserver
 and for its Python-backend stubs: the resident set (RSS), the open descriptors, and the `/dev/shm` files
-they map; and the arena blocks in use (`kubetriton.worker.arena_blocks_in_use`).
+they map; and the arena blocks in use (`kubetriton.worker.arena_blocks_in_use`). To tell a leak from a
+high-water mark it also prints, unjudged, the shared-memory pages that the worker's and tritonserver's RSS
+count (`RssShmem`) and the space kubetriton's arenas take in /dev/shm: an arena page takes space, and
+counts in the RSS of each process that touches it, from the first time a tensor is written there, so
+these grow whenever more tensors than ever before are in flight at once, up to the arenas' size.
 
 The verdict fits a line to each series from minute 5 (or a sixth of a shorter run) to the end and prints
 its growth per hour and over that span. It fails (exit status 1) on any failed or wrong answer, on the
@@ -150,9 +154,10 @@ def find_processes(worker: int) -> Processes:
     return Processes(worker, servers[0], children(servers[0]))
 
 
-def rss_bytes(pid: int) -> int:
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """A field of /proc/PID/status in bytes: VmRSS, or RssShmem (the shared-memory pages it counts)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     return 0
 
@@ -161,8 +166,9 @@ def descriptors(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def shm_bytes(pids: list[int]) -> int:
-    """The space taken in /dev/shm by the files these processes map."""
+def shm_bytes(pids: list[int], arenas: bool = False) -> int:
+    """The space taken in /dev/shm by the files these processes map; with `arenas`, by kubetriton's arenas
+    alone (files of a fixed size, whose pages take space once first written)."""
     paths = set()
     for pid in pids:
         for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
@@ -171,6 +177,8 @@ def shm_bytes(pids: list[int]) -> int:
                 paths.add(parts[5].removesuffix(" (deleted)"))
     total = 0
     for path in paths:
+        if arenas and "/arenas/" not in path:
+            continue
         try:
             total += os.stat(path).st_blocks * 512
         except FileNotFoundError:
@@ -178,7 +186,21 @@ def shm_bytes(pids: list[int]) -> int:
     return total
 
 
-COLUMNS = ("worker_rss", "triton_rss", "stubs_rss", "worker_fds", "triton_fds", "stubs_fds", "shm", "blocks")
+COLUMNS = (
+    "worker_rss",
+    "triton_rss",
+    "stubs_rss",
+    "worker_fds",
+    "triton_fds",
+    "stubs_fds",
+    "shm",
+    "blocks",
+    "worker_shrd",
+    "triton_shrd",
+    "arenas",
+)
+"""Sampled every SAMPLE_S; the last three are printed, not judged: the shared-memory pages counted in the
+worker's and tritonserver's RSS, and the part of `shm` that is kubetriton's arenas."""
 
 
 def sample(processes: Processes, control: Connection) -> dict[str, float]:
@@ -193,6 +215,9 @@ def sample(processes: Processes, control: Connection) -> dict[str, float]:
         "stubs_fds": sum(descriptors(pid) for pid in stubs),
         "shm": shm_bytes([processes.worker, processes.tritonserver, *stubs]),
         "blocks": control.recv(),
+        "worker_shrd": rss_bytes(processes.worker, "RssShmem"),
+        "triton_shrd": rss_bytes(processes.tritonserver, "RssShmem"),
+        "arenas": shm_bytes([processes.worker, processes.tritonserver, *stubs], arenas=True),
     }
 
 
@@ -308,8 +333,8 @@ def verdict(
         first, last, per_hour = fitted_growth(times, [values[name] for _, values in later])
         share = (last - first) / first if first else 0.0
         median = statistics.median(values[name] for _, values in later)
-        if name.endswith("rss"):
-            passed = name == "stubs_rss" or share < RSS_LIMIT
+        if name.endswith(("rss", "shrd")) or name == "arenas":
+            passed = name not in ("worker_rss", "triton_rss") or share < RSS_LIMIT
             shown = (
                 f"{first / 2**20:.1f} -> {last / 2**20:.1f} MiB ({share:+.1%}), {per_hour / 2**20:+.1f} MiB/h"
             )
