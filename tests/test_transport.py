@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import select
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -178,9 +180,13 @@ def _single_requests_came_quickly(busy_poll: BusyPoll) -> None:
     busy_poll.waited(1_000)
 
 
+UNCONTENDED = 10**12
+"""A contention limit that a test's polling never reaches, on however busy a machine."""
+
+
 def test_busy_poll_catches_a_message_that_comes_within_its_window(hops):
     proxy, worker = hops
-    busy_poll = BusyPoll(window_us=2_000_000)
+    busy_poll = BusyPoll(window_us=2_000_000, contended_ns=UNCONTENDED)
     _single_requests_came_quickly(busy_poll)
     sender = _send_later(proxy, 0.05)
     started = time.monotonic()
@@ -193,7 +199,7 @@ def test_busy_poll_catches_a_message_that_comes_within_its_window(hops):
 
 def test_busy_poll_gives_up_at_the_end_of_its_window(hops):
     _proxy, worker = hops
-    busy_poll = BusyPoll(window_us=30_000)
+    busy_poll = BusyPoll(window_us=30_000, contended_ns=UNCONTENDED)
     _single_requests_came_quickly(busy_poll)
     started = time.monotonic()
     assert busy_poll.poll(worker.poller) == []
@@ -256,10 +262,32 @@ def test_the_worker_polls_by_default_only_with_two_cpus_or_more(monkeypatch, tmp
 
 def test_busy_poll_stops_once_the_process_is_busy_elsewhere(hops):
     _proxy, worker = hops
-    busy_poll = BusyPoll(window_us=2_000_000)
+    busy_poll = BusyPoll(window_us=2_000_000, contended_ns=UNCONTENDED)
     _single_requests_came_quickly(busy_poll)
     another_thread_busy = threading.Event()
     threading.Timer(0.05, another_thread_busy.set).start()
     started = time.monotonic()
     assert busy_poll.poll(worker.poller, busy_elsewhere=another_thread_busy.is_set) == []
     assert 0.05 <= time.monotonic() - started < 1.0
+
+
+def test_busy_poll_stops_when_another_process_wants_its_cpu(hops):
+    _proxy, worker = hops
+    cpu = min(os.sched_getaffinity(0))
+    hog = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+    )
+    affinity = os.sched_getaffinity(0)
+    try:
+        time.sleep(0.2)  # the hog runs
+        os.sched_setaffinity(0, {cpu})
+        busy_poll = BusyPoll(window_us=5_000_000)
+        _single_requests_came_quickly(busy_poll)
+        started = time.monotonic()
+        assert busy_poll.poll(worker.poller) == []
+        assert time.monotonic() - started < 2.5
+        assert busy_poll.poll(worker.poller) == []  # and it does not poll again until a quick wait
+    finally:
+        os.sched_setaffinity(0, affinity)
+        hog.kill()
+        hog.wait()

@@ -160,6 +160,8 @@ BUSY_POLL_US = 2000
 """How long a thread that waits for a message polls for it before it sleeps, when polling is worth it."""
 SINGLES_BEFORE_POLLING = 4
 """How many batches in a row must have held a single request before a waiting thread polls."""
+CONTENDED_NS = 50_000
+"""A polling thread that has waited this long for the CPU while it polled stops: other threads need it."""
 
 
 class BusyPoll:
@@ -171,13 +173,15 @@ class BusyPoll:
     Polling without sleeping avoids both, at the price of the CPU spent polling, so it is done only where
     it is likely to pay: when the last wait ended within the window, and the last few batches each held a
     single request (batches of several mean that requests queue, so the CPU has other work to do, which
-    polling would take from it). Each poll is a system call, at which the kernel runs any thread that
-    woke meanwhile in its place; the poller does not yield the CPU between polls, since that was measured
-    to delay Triton's own work on the response (bench/RESULTS.md). A window of 0 never polls.
+    polling would take from it). Between polls the thread yields the CPU to any other thread ready to run
+    on it, and once the time it spent waiting for the CPU adds up to `CONTENDED_NS` it stops and sleeps:
+    the CPU is wanted by other work, maybe the very thread whose message it waits for. A window of 0 never
+    polls.
     """
 
-    def __init__(self, window_us: int) -> None:
+    def __init__(self, window_us: int, contended_ns: int = CONTENDED_NS) -> None:
         self.window_ns = window_us * 1000
+        self._contended_ns = contended_ns
         self._recent = False
         self._singles = 0
 
@@ -194,11 +198,17 @@ class BusyPoll:
         CPU or the GIL, which a polling thread holds between its polls."""
         if not (self._recent and self._singles >= SINGLES_BEFORE_POLLING):
             return []
-        deadline = time.perf_counter_ns() + self.window_ns
+        started, cpu_started = time.perf_counter_ns(), time.thread_time_ns()
+        deadline = started + self.window_ns
         while True:
             ready = poller.poll(0)
-            if ready or time.perf_counter_ns() >= deadline or busy_elsewhere():
+            now = time.perf_counter_ns()
+            if ready or now >= deadline or busy_elsewhere():
                 return ready
+            if now - started - (time.thread_time_ns() - cpu_started) > self._contended_ns:
+                self._recent = False
+                return []
+            os.sched_yield()
 
     def waited(self, nanoseconds: int) -> None:
         """Record how long the last wait for a message took, polling included."""

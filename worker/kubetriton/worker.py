@@ -384,6 +384,18 @@ class InstanceServer(threading.Thread):
         self.busy_seconds = 0.0
         _INSTANCES.add(self)
 
+    last_batch: tuple[InstanceServer | None, int] = (None, 0)
+    """The instance server of this process that started a batch last, and when (`perf_counter_ns`)."""
+
+    def _another_busy(self) -> bool:
+        """Whether another instance server of this process works on a batch, or started one within the
+        polling window. This one does not poll then: a polling thread holds the GIL between its polls,
+        and another thread that needs it to take its request in, or to run its callable, waits for it."""
+        instance, started = InstanceServer.last_batch
+        return bool(_SERVING) or (
+            instance is not self and time.perf_counter_ns() - started < self._busy_poll.window_ns
+        )
+
     @property
     def attached(self) -> bool:
         """True while a proxy instance is connected to this instance's ZeroMQ socket."""
@@ -452,7 +464,8 @@ class InstanceServer(threading.Thread):
                 self._serve_one(*self._backlog.popleft())
                 idle_since = time.perf_counter_ns()
                 continue
-            ready = self._busy_poll.poll(self._poller, _any_serving) or self._poller.poll(POLL_INTERVAL_MS)
+            ready = self._busy_poll.poll(self._poller, self._another_busy)
+            ready = ready or self._poller.poll(POLL_INTERVAL_MS)
             self._busy_poll.waited(time.perf_counter_ns() - idle_since)
             for descriptor, _ in ready:
                 if descriptor in self._peers:
@@ -505,6 +518,7 @@ class InstanceServer(threading.Thread):
         self._busy_poll.batch(len(message.entries))
         self.in_flight += 1
         _SERVING.add(self)
+        InstanceServer.last_batch = (self, time.perf_counter_ns())
         started = time.perf_counter()
         try:
             data = frames[1:]
@@ -677,14 +691,7 @@ class InstanceServer(threading.Thread):
 _INSTANCES: weakref.WeakSet[InstanceServer] = weakref.WeakSet()
 """Every instance server of this process, for `arena_blocks_in_use`."""
 _SERVING: set[InstanceServer] = set()
-"""The instance servers of this process that are working on a batch now. Another instance polls for its
-next request only while this is empty: the GIL that a polling thread holds between its polls is what a
-callable running on another thread needs."""
-
-
-def _any_serving() -> bool:
-    """Whether an instance server is working on a batch; asked by those that are not."""
-    return bool(_SERVING)
+"""The instance servers of this process that are working on a batch now."""
 
 
 def arena_blocks_in_use() -> int:
