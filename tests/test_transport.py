@@ -10,11 +10,9 @@ import sys
 import threading
 import time
 
-import kubetriton.worker as worker_module
 import numpy as np
 import pytest
 from kubetriton.transport import (
-    BUSY_POLL_US,
     CANCEL,
     CONTROL,
     DECOUPLED,
@@ -242,22 +240,11 @@ def test_a_polling_window_that_is_no_number_is_refused(monkeypatch, configured):
         busy_poll_us()
 
 
-@pytest.mark.parametrize(
-    ("cpu_max", "window_us"),
-    [("max 100000\n", BUSY_POLL_US), ("200000 100000\n", BUSY_POLL_US), ("150000 100000\n", 0), (None, 0)],
-    ids=["no-limit", "limit-2-cpus", "limit-1.5-cpus", "one-cpu-no-cgroup-file"],
-)
-def test_the_worker_polls_by_default_only_with_two_cpus_or_more(monkeypatch, tmp_path, cpu_max, window_us):
+def test_the_worker_does_not_poll_unless_asked_to(monkeypatch, tmp_path):
     monkeypatch.delenv(ENV_BUSY_POLL_US, raising=False)
-    monkeypatch.setattr(worker_module, "CGROUP_CPU_MAX", tmp_path / "cpu.max")
-    if cpu_max is None:
-        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    else:
-        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-        (tmp_path / "cpu.max").write_text(cpu_max)
-    assert busy_poll_us() == window_us
+    assert busy_poll_us() == 0
     settings = TransportSettings(tmp_path, tmp_path, 1024)
-    assert settings.model_parameters("model", 1)[PARAM_BUSY_POLL_US] == str(window_us)
+    assert settings.model_parameters("model", 1)[PARAM_BUSY_POLL_US] == "0"
 
 
 def test_busy_poll_stops_once_the_process_is_busy_elsewhere(hops):

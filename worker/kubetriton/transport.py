@@ -156,11 +156,9 @@ class Arena:
                 os.unlink(self.path)
 
 
-BUSY_POLL_US = 2000
-"""How long a thread that waits for a message polls for it before it sleeps, when polling is worth it."""
 SINGLES_BEFORE_POLLING = 4
 """How many batches in a row must have held a single request before a waiting thread polls."""
-CONTENDED_NS = 50_000
+CONTENDED_NS = 1_000_000
 """A polling thread that has waited this long for the CPU while it polled stops: other threads need it."""
 
 

@@ -42,7 +42,6 @@ from pytriton.proxy.types import Request
 
 from kubetriton.model_repository import ModelSpec
 from kubetriton.transport import (
-    BUSY_POLL_US,
     CANCEL,
     CONTROL,
     DECOUPLED,
@@ -102,31 +101,17 @@ ENV_BUSY_POLL_US = "KUBETRITON_BUSY_POLL_US"
 
 
 def busy_poll_us() -> int:
-    """The polling window: KUBETRITON_BUSY_POLL_US where set; otherwise `BUSY_POLL_US` where this process
-    may use two CPUs or more, and 0 where it may use fewer, since there the CPU spent polling is taken
-    from the work it waits for, and counts against the CPU limit."""
+    """The polling window: KUBETRITON_BUSY_POLL_US where set, else 0. Polling is opt-in: on an idle
+    machine it takes a small request's latency down by a quarter, but where other work wants the CPU it
+    made it several times longer (bench/RESULTS.md)."""
     configured = os.environ.get(ENV_BUSY_POLL_US)
     if configured is None:
-        return BUSY_POLL_US if usable_cpus() >= 2 else 0
+        return 0
     if not configured.strip().isdigit():
         raise PyTritonValidationError(
             f"{ENV_BUSY_POLL_US}={configured!r} is not a whole number of microseconds (0 never polls)"
         )
     return int(configured)
-
-
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
-"""The CPU limit of this process's cgroup (v2, as a container sees it): its quota and period, or `max`."""
-
-
-def usable_cpus() -> float:
-    """The CPUs this process may use: those it may run on, or its cgroup's CPU limit where lower."""
-    cpus = float(len(os.sched_getaffinity(0)))
-    with contextlib.suppress(OSError, ValueError):
-        quota, period = CGROUP_CPU_MAX.read_text().split()
-        if quota != "max":
-            cpus = min(cpus, int(quota) / int(period))
-    return cpus
 
 
 @dataclass(frozen=True)
