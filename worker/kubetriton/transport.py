@@ -173,8 +173,9 @@ class BusyPoll:
     single request (batches of several mean that requests queue, so the CPU has other work to do, which
     polling would take from it). Between polls the thread yields the CPU to any other thread ready to run
     on it, and once the time it spent waiting for the CPU adds up to `CONTENDED_NS` it stops and sleeps:
-    the CPU is wanted by other work, maybe the very thread whose message it waits for. A window of 0 never
-    polls.
+    the CPU is wanted by other work, maybe the very thread whose message it waits for. Even so, beside
+    other busy processes polling made small requests several times slower, so the worker polls only when
+    asked to (`kubetriton.worker.busy_poll_us`). A window of 0 never polls.
     """
 
     def __init__(self, window_us: int, contended_ns: int = CONTENDED_NS) -> None:
