@@ -21,6 +21,7 @@ from kubetriton.transport import (
     HELLO,
     HOP_DATAGRAM_BYTES,
     PARAM_BUSY_POLL_US,
+    PAUSES_NS,
     REPLY,
     REQUEST,
     SINGLES_BEFORE_POLLING,
@@ -34,7 +35,7 @@ from kubetriton.transport import (
     encode_response_entry,
     encode_tensor,
 )
-from kubetriton.worker import ENV_BUSY_POLL_US, TransportSettings, busy_poll_us
+from kubetriton.worker import DEFAULT_BUSY_POLL_US, ENV_BUSY_POLL_US, TransportSettings, busy_poll_us
 from pytriton.exceptions import PyTritonValidationError
 
 
@@ -178,13 +179,9 @@ def _single_requests_came_quickly(busy_poll: BusyPoll) -> None:
     busy_poll.waited(1_000)
 
 
-UNCONTENDED = 10**12
-"""A contention limit that a test's polling never reaches, on however busy a machine."""
-
-
 def test_busy_poll_catches_a_message_that_comes_within_its_window(hops):
     proxy, worker = hops
-    busy_poll = BusyPoll(window_us=2_000_000, contended_ns=UNCONTENDED)
+    busy_poll = BusyPoll(window_us=2_000_000)
     _single_requests_came_quickly(busy_poll)
     sender = _send_later(proxy, 0.05)
     started = time.monotonic()
@@ -197,7 +194,7 @@ def test_busy_poll_catches_a_message_that_comes_within_its_window(hops):
 
 def test_busy_poll_gives_up_at_the_end_of_its_window(hops):
     _proxy, worker = hops
-    busy_poll = BusyPoll(window_us=30_000, contended_ns=UNCONTENDED)
+    busy_poll = BusyPoll(window_us=30_000)
     _single_requests_came_quickly(busy_poll)
     started = time.monotonic()
     assert busy_poll.poll(worker.poller) == []
@@ -240,16 +237,30 @@ def test_a_polling_window_that_is_no_number_is_refused(monkeypatch, configured):
         busy_poll_us()
 
 
-def test_the_worker_does_not_poll_unless_asked_to(monkeypatch, tmp_path):
+def test_the_worker_polls_for_2_ms_unless_told_otherwise(monkeypatch, tmp_path):
     monkeypatch.delenv(ENV_BUSY_POLL_US, raising=False)
-    assert busy_poll_us() == 0
+    assert busy_poll_us() == DEFAULT_BUSY_POLL_US == 2000
     settings = TransportSettings(tmp_path, tmp_path, 1024)
-    assert settings.model_parameters("model", 1)[PARAM_BUSY_POLL_US] == "0"
+    assert settings.model_parameters("model", 1)[PARAM_BUSY_POLL_US] == "2000"
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "window_ns"),
+    [
+        ("50000 100000\n", 0),
+        ("150000 100000\n", 0),
+        ("200000 100000\n", 2_000_000),
+        ("max 100000\n", 2_000_000),
+    ],
+)
+def test_a_process_with_less_than_two_cpus_of_quota_never_polls(tmp_path, cpu_max, window_ns):
+    (tmp_path / "cpu.max").write_text(cpu_max)
+    assert BusyPoll(window_us=2_000, cpu_max=str(tmp_path / "cpu.max")).window_ns == window_ns
 
 
 def test_busy_poll_stops_once_the_process_is_busy_elsewhere(hops):
     _proxy, worker = hops
-    busy_poll = BusyPoll(window_us=2_000_000, contended_ns=UNCONTENDED)
+    busy_poll = BusyPoll(window_us=2_000_000)
     _single_requests_came_quickly(busy_poll)
     another_thread_busy = threading.Event()
     threading.Timer(0.05, another_thread_busy.set).start()
@@ -258,23 +269,52 @@ def test_busy_poll_stops_once_the_process_is_busy_elsewhere(hops):
     assert 0.05 <= time.monotonic() - started < 1.0
 
 
-def test_busy_poll_stops_when_another_process_wants_its_cpu(hops):
-    _proxy, worker = hops
-    cpu = min(os.sched_getaffinity(0))
-    hog = subprocess.Popen(
-        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
-    )
-    affinity = os.sched_getaffinity(0)
+def _no_cpu_to_spare(tmp_path) -> str:
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text(f"9.00 9.00 9.00 {len(os.sched_getaffinity(0)) + 1}/900 4242\n")
+    return str(loadavg)
+
+
+def test_busy_poll_pauses_after_a_window_without_a_cpu_to_spare(hops, tmp_path):
+    proxy, worker = hops
+    busy_poll = BusyPoll(window_us=2_000_000, loadavg=_no_cpu_to_spare(tmp_path))
+    _single_requests_came_quickly(busy_poll)
+    sender = _send_later(proxy, 0.05)
+    assert busy_poll.poll(worker.poller) == [(worker.fileno(), select.POLLIN)]  # this window still polls
+    sender.join()
+    worker.receive()
+    proxy.send([b"waiting"])
+    assert busy_poll.poll(worker.poller) == []  # the next one does not, though a message waits
+    time.sleep(PAUSES_NS[0] / 1e9)
+    assert busy_poll.poll(worker.poller) == [(worker.fileno(), select.POLLIN)]  # until the pause ends
+
+
+def test_busy_poll_pauses_twice_as_long_when_the_machine_is_still_busy_after_a_pause(hops, tmp_path):
+    proxy, worker = hops
+    busy_poll = BusyPoll(window_us=1_000, loadavg=_no_cpu_to_spare(tmp_path))
+    _single_requests_came_quickly(busy_poll)
+    assert busy_poll.poll(worker.poller) == []  # a window without a spare CPU: a pause of PAUSES_NS[0]
+    time.sleep(PAUSES_NS[0] / 1e9)
+    assert busy_poll.poll(worker.poller) == []  # another, right after the pause: twice as long
+    proxy.send([b"waiting"])
+    time.sleep(PAUSES_NS[0] / 1e9)
+    assert busy_poll.poll(worker.poller) == []
+    time.sleep(PAUSES_NS[0] / 1e9)
+    assert busy_poll.poll(worker.poller) == [(worker.fileno(), select.POLLIN)]
+
+
+def test_busy_poll_pauses_where_other_processes_keep_every_cpu_busy(hops):
+    """The real count: one busy loop per CPU, and the poller itself, leave no CPU to spare."""
+    proxy, worker = hops
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
     try:
-        time.sleep(0.2)  # the hog runs
-        os.sched_setaffinity(0, {cpu})
-        busy_poll = BusyPoll(window_us=5_000_000)
+        time.sleep(0.2)  # the busy loops run
+        busy_poll = BusyPoll(window_us=20_000)
         _single_requests_came_quickly(busy_poll)
-        started = time.monotonic()
         assert busy_poll.poll(worker.poller) == []
-        assert time.monotonic() - started < 2.5
-        assert busy_poll.poll(worker.poller) == []  # and it does not poll again until a quick wait
+        proxy.send([b"waiting"])
+        assert busy_poll.poll(worker.poller) == []  # paused, though a message waits
     finally:
-        os.sched_setaffinity(0, affinity)
-        hog.kill()
-        hog.wait()
+        for hog in hogs:
+            hog.kill()
+            hog.wait()

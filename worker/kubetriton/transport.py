@@ -158,8 +158,9 @@ class Arena:
 
 SINGLES_BEFORE_POLLING = 4
 """How many batches in a row must have held a single request before a waiting thread polls."""
-CONTENDED_NS = 1_000_000
-"""A polling thread that has waited this long for the CPU while it polled stops: other threads need it."""
+PAUSES_NS = (10_000_000, 1_000_000_000)
+"""How long a thread does not poll after a window in which the machine had no CPU to spare: the first
+time, and at most, doubling while such windows follow each other."""
 
 
 class BusyPoll:
@@ -172,17 +173,34 @@ class BusyPoll:
     it is likely to pay: when the last wait ended within the window, and the last few batches each held a
     single request (batches of several mean that requests queue, so the CPU has other work to do, which
     polling would take from it). Between polls the thread yields the CPU to any other thread ready to run
-    on it, and once the time it spent waiting for the CPU adds up to `CONTENDED_NS` it stops and sleeps:
-    the CPU is wanted by other work, maybe the very thread whose message it waits for. Even so, beside
-    other busy processes polling made small requests several times slower, so the worker polls only when
-    asked to (`kubetriton.worker.busy_poll_us`). A window of 0 never polls.
+    on it.
+
+    Polling pays only while the machine has a CPU to spare. Beside busy processes a polling thread takes
+    CPU time from the very threads that produce its message, and small requests became several times
+    slower; the polling thread itself need not notice, as it may have a CPU to itself while the others
+    queue on the rest. So each poll also reads the kernel's count of runnable threads (the fourth field of
+    `/proc/loadavg`, all CPUs, the poller included, under a microsecond to read): where even its lowest
+    count during a window exceeds the CPUs this process may use, someone was waiting for a CPU all along,
+    and the thread stops polling for `PAUSES_NS`. A process whose CPU quota (cgroup v2 `cpu.max`) is below
+    two CPUs never polls: the CPU spent polling would be taken from its callable. A window of 0 never
+    polls.
     """
 
-    def __init__(self, window_us: int, contended_ns: int = CONTENDED_NS) -> None:
-        self.window_ns = window_us * 1000
-        self._contended_ns = contended_ns
+    def __init__(
+        self, window_us: int, loadavg: str = "/proc/loadavg", cpu_max: str = "/sys/fs/cgroup/cpu.max"
+    ) -> None:
+        self.window_ns = window_us * 1000 if _quota_cpus(cpu_max) >= 2 else 0
+        self._cpus = len(os.sched_getaffinity(0))
+        self._loadavg = None
+        if self.window_ns:
+            try:
+                self._loadavg = open(loadavg, "rb", buffering=0)  # noqa: SIM115 - read while it lives
+            except OSError:
+                self.window_ns = 0  # no count of runnable threads: no way to know when polling hurts
         self._recent = False
         self._singles = 0
+        self._pause_ns = 0
+        self._paused_until = 0
 
     def batch(self, requests: int) -> None:
         """Record the number of requests in the batch this thread works on now."""
@@ -195,23 +213,47 @@ class BusyPoll:
 
         Polling stops early once `busy_elsewhere()` is true: in a process whose other threads need the
         CPU or the GIL, which a polling thread holds between its polls."""
-        if not (self._recent and self._singles >= SINGLES_BEFORE_POLLING):
+        started = time.perf_counter_ns()
+        if not (self._recent and self._singles >= SINGLES_BEFORE_POLLING) or started < self._paused_until:
             return []
-        started, cpu_started = time.perf_counter_ns(), time.thread_time_ns()
         deadline = started + self.window_ns
+        fewest_runnable = math.inf
         while True:
+            fewest_runnable = min(fewest_runnable, self._runnable())
             ready = poller.poll(0)
             now = time.perf_counter_ns()
             if ready or now >= deadline or busy_elsewhere():
+                if fewest_runnable > self._cpus:
+                    self._pause(now)
                 return ready
-            if now - started - (time.thread_time_ns() - cpu_started) > self._contended_ns:
-                self._recent = False
-                return []
             os.sched_yield()
 
     def waited(self, nanoseconds: int) -> None:
         """Record how long the last wait for a message took, polling included."""
         self._recent = nanoseconds <= self.window_ns and self.window_ns > 0
+
+    def _runnable(self) -> int:
+        """The threads that run or wait for a CPU now, on the whole machine."""
+        assert self._loadavg is not None
+        fields = os.pread(self._loadavg.fileno(), 128, 0).split(b" ", 4)
+        return int(fields[3].partition(b"/")[0])
+
+    def _pause(self, now: int) -> None:
+        """Stop polling for a while: twice as long as last time where the last pause ended only just."""
+        shortest, longest = PAUSES_NS
+        again_soon = now - self._paused_until < self._pause_ns
+        self._pause_ns = min(2 * self._pause_ns, longest) if again_soon else shortest
+        self._paused_until = now + self._pause_ns
+
+
+def _quota_cpus(cpu_max: str) -> float:
+    """The CPUs a cgroup v2 `cpu.max` file allows: `max 100000` no limit, `50000 100000` half a CPU."""
+    try:
+        with open(cpu_max) as limit:
+            quota, period = limit.read().split()
+    except (OSError, ValueError):
+        return math.inf
+    return math.inf if quota == "max" else int(quota) / int(period)
 
 
 class Hop:
