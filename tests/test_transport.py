@@ -245,17 +245,23 @@ def test_the_worker_polls_for_2_ms_unless_told_otherwise(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("cpu_max", "window_ns"),
+    ("files", "window_ns"),
     [
-        ("50000 100000\n", 0),
-        ("150000 100000\n", 0),
-        ("200000 100000\n", 2_000_000),
-        ("max 100000\n", 2_000_000),
+        ({"cpu.max": "50000 100000\n"}, 0),
+        ({"cpu.max": "150000 100000\n"}, 0),
+        ({"cpu.max": "200000 100000\n"}, 2_000_000),
+        ({"cpu.max": "max 100000\n"}, 2_000_000),
+        ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 0),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2_000_000),
+        ({}, 2_000_000),
     ],
+    ids=["v2-half", "v2-1.5", "v2-2", "v2-none", "v1-1", "v1-none", "no-cgroup"],
 )
-def test_a_process_with_less_than_two_cpus_of_quota_never_polls(tmp_path, cpu_max, window_ns):
-    (tmp_path / "cpu.max").write_text(cpu_max)
-    assert BusyPoll(window_us=2_000, cpu_max=str(tmp_path / "cpu.max")).window_ns == window_ns
+def test_a_process_with_less_than_two_cpus_of_quota_never_polls(tmp_path, files, window_ns):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert BusyPoll(window_us=2_000, cgroup=str(tmp_path)).window_ns == window_ns
 
 
 def test_busy_poll_stops_once_the_process_is_busy_elsewhere(hops):

@@ -181,15 +181,15 @@ class BusyPoll:
     queue on the rest. So each poll also reads the kernel's count of runnable threads (the fourth field of
     `/proc/loadavg`, all CPUs, the poller included, under a microsecond to read): where even its lowest
     count during a window exceeds the CPUs this process may use, someone was waiting for a CPU all along,
-    and the thread stops polling for `PAUSES_NS`. A process whose CPU quota (cgroup v2 `cpu.max`) is below
-    two CPUs never polls: the CPU spent polling would be taken from its callable. A window of 0 never
-    polls.
+    and the thread stops polling for `PAUSES_NS`. A process whose CPU quota (cgroup v2 `cpu.max`, v1's CFS
+    quota) is below two CPUs never polls: the CPU spent polling would be taken from its callable. A window
+    of 0 never polls.
     """
 
     def __init__(
-        self, window_us: int, loadavg: str = "/proc/loadavg", cpu_max: str = "/sys/fs/cgroup/cpu.max"
+        self, window_us: int, loadavg: str = "/proc/loadavg", cgroup: str = "/sys/fs/cgroup"
     ) -> None:
-        self.window_ns = window_us * 1000 if _quota_cpus(cpu_max) >= 2 else 0
+        self.window_ns = window_us * 1000 if _quota_cpus(cgroup) >= 2 else 0
         self._cpus = len(os.sched_getaffinity(0))
         self._loadavg = None
         if self.window_ns:
@@ -246,14 +246,25 @@ class BusyPoll:
         self._paused_until = now + self._pause_ns
 
 
-def _quota_cpus(cpu_max: str) -> float:
-    """The CPUs a cgroup v2 `cpu.max` file allows: `max 100000` no limit, `50000 100000` half a CPU."""
+def _quota_cpus(cgroup: str) -> float:
+    """The CPUs this process's cgroup may use, from the cgroup file system mounted at `cgroup`: version 2's
+    `cpu.max` (`max 100000`: no limit, `50000 100000`: half a CPU), else version 1's `cpu/cpu.cfs_quota_us`
+    and `cpu/cpu.cfs_period_us` (a quota of -1: no limit). No limit where neither can be read."""
     try:
-        with open(cpu_max) as limit:
+        with open(f"{cgroup}/cpu.max") as limit:
             quota, period = limit.read().split()
     except (OSError, ValueError):
+        try:
+            with (
+                open(f"{cgroup}/cpu/cpu.cfs_quota_us") as limit,
+                open(f"{cgroup}/cpu/cpu.cfs_period_us") as every,
+            ):
+                quota, period = limit.read().strip(), every.read().strip()
+        except OSError:
+            return math.inf
+    if quota in ("max", "-1") or not (quota.isdigit() and period.isdigit()) or not int(period):
         return math.inf
-    return math.inf if quota == "max" else int(quota) / int(period)
+    return int(quota) / int(period)
 
 
 class Hop:
