@@ -264,6 +264,15 @@ def test_a_process_with_less_than_two_cpus_of_quota_never_polls(tmp_path, files,
     assert BusyPoll(window_us=2_000, cgroup=str(tmp_path)).window_ns == window_ns
 
 
+def test_a_process_that_may_run_on_one_cpu_never_polls():
+    affinity = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(affinity)})
+        assert BusyPoll(window_us=2_000).window_ns == 0
+    finally:
+        os.sched_setaffinity(0, affinity)
+
+
 def test_busy_poll_stops_once_the_process_is_busy_elsewhere(hops):
     _proxy, worker = hops
     busy_poll = BusyPoll(window_us=2_000_000)

@@ -181,16 +181,16 @@ class BusyPoll:
     queue on the rest. So each poll also reads the kernel's count of runnable threads (the fourth field of
     `/proc/loadavg`, all CPUs, the poller included, under a microsecond to read): where even its lowest
     count during a window exceeds the CPUs this process may use, someone was waiting for a CPU all along,
-    and the thread stops polling for `PAUSES_NS`. A process whose CPU quota (cgroup v2 `cpu.max`, v1's CFS
-    quota) is below two CPUs never polls: the CPU spent polling would be taken from its callable. A window
-    of 0 never polls.
+    and the thread stops polling for `PAUSES_NS`. A process that may use fewer than two CPUs (its affinity, or
+    its cgroup's quota: v2 `cpu.max`, v1's CFS quota) never polls: the CPU spent polling would be taken
+    from its callable. A window of 0 never polls.
     """
 
     def __init__(
         self, window_us: int, loadavg: str = "/proc/loadavg", cgroup: str = "/sys/fs/cgroup"
     ) -> None:
-        self.window_ns = window_us * 1000 if _quota_cpus(cgroup) >= 2 else 0
         self._cpus = len(os.sched_getaffinity(0))
+        self.window_ns = window_us * 1000 if min(self._cpus, _quota_cpus(cgroup)) >= 2 else 0
         self._loadavg = None
         if self.window_ns:
             try:
