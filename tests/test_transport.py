@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import marshal
 import os
 import select
 import socket
@@ -30,10 +31,12 @@ from kubetriton.transport import (
     Hop,
     decode_message,
     decode_tensor,
+    deserialize_bytes,
     encode_message,
     encode_request_entry,
     encode_response_entry,
     encode_tensor,
+    serialize_bytes,
 )
 from kubetriton.worker import DEFAULT_BUSY_POLL_US, ENV_BUSY_POLL_US, TransportSettings, busy_poll_us
 from pytriton.exceptions import PyTritonValidationError
@@ -134,6 +137,28 @@ def test_a_request_header_carries_its_batch(tmp_path):
             assert decoded.dtype == array.dtype and np.array_equal(decoded, array)
     assert second == first[:1]
     arena.close(unlink=True)
+
+
+def test_strings_keep_every_byte_and_their_shape():
+    """Trailing NULs, empty elements, bytes-like elements, str as UTF-8, and a list where one object
+    appears twice (which `marshal` writes as a reference)."""
+    same = b"twice\0"
+    array = np.array([[same, b"", bytearray(b"\0\xff")], ["żółw", same, np.bytes_(b"np")]], dtype=object)
+    decoded = deserialize_bytes(memoryview(serialize_bytes(array)), array.shape)
+    assert decoded.dtype == object and decoded.shape == (2, 3)
+    assert decoded.tolist() == [[same, b"", b"\0\xff"], ["żółw".encode(), same, b"np"]]
+    assert all(type(item) is bytes for item in decoded.ravel())
+    assert deserialize_bytes(serialize_bytes(np.empty((0, 4), dtype=object)), (0, 4)).shape == (0, 4)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [marshal.dumps([b"a", b"b"]), marshal.dumps((b"a", b"b", b"c")), marshal.dumps([b"a", "b", b"c"])],
+    ids=["too few", "not a list", "not all bytes"],
+)
+def test_string_data_that_does_not_match_its_descriptor_fails_clearly(data):
+    with pytest.raises(ValueError, match="not a list of 3 bytes objects"):
+        deserialize_bytes(data, (1, 3))
 
 
 @pytest.mark.parametrize(

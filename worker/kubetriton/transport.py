@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import itertools
+import marshal
 import math
 import mmap
 import os
@@ -381,12 +381,14 @@ parameters, followed by the parameters (Triton's JSON text), the requested outpu
 length and UTF-8) and the inputs' descriptors."""
 _COUNT = struct.Struct("<H")
 """A response entry is its output count followed by the outputs' descriptors; also a name's length."""
+STRINGS_MARSHAL = 4
+"""The `marshal` version of string tensors' data on the hop (see `serialize_bytes`)."""
 _TENSOR_SIZES = struct.Struct("<BH")
 _TENSOR = "<BH4sBQQ{}s{}q"
 """A tensor descriptor: its rank and its name's length, its dtype (numpy's dtype string, `|O` for strings
-in `serialize_bytes`' layout), 1 if it lies in an arena, its frame index or arena offset, its byte length,
-its name (UTF-8) and its shape (8 bytes a dimension). One struct per rank and name length packs or unpacks
-a whole descriptor at once."""
+as `serialize_bytes` packs them), 1 if it lies in an arena, its frame index or arena offset, its byte
+length, its name (UTF-8) and its shape (8 bytes a dimension). One struct per rank and name length packs
+or unpacks a whole descriptor at once."""
 
 Descriptor = tuple[str, np.dtype, tuple[int, ...], bool, int, int]
 """A decoded tensor descriptor: (name, dtype, shape, in arena, frame index or arena offset, byte length).
@@ -535,25 +537,28 @@ def _decode_descriptor(frame: memoryview, at: int) -> tuple[Descriptor, int]:
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:
-    """The elements' lengths as 4-byte little-endian integers, then their bytes back to back.
+    """The elements as bytes (str as UTF-8), in one `marshal` of their list (version `STRINGS_MARSHAL`).
 
-    Lengths first, rather than Triton's layout of each length before its element, let both sides work
-    in whole-list calls (one join here, one map of slices in `deserialize_bytes`) instead of a Python
-    step per element: strings cost the hop a serialization and a deserialization each way."""
+    One C call packs the whole list here and one unpacks it in `deserialize_bytes`, where any layout of
+    lengths and data needs a Python step per element on one side: that step was most of what strings
+    cost the hop, which serializes and deserializes them once each way. Both ends run this module, and
+    every Python since 3.4 reads version 4; each end reads only what the other end's `marshal` wrote."""
     items = array.ravel(order="C").tolist()
     if not all(type(item) is bytes for item in items):
         items = [item.encode() if isinstance(item, str) else bytes(item) for item in items]
-    return struct.pack(f"<{len(items)}I", *map(len, items)) + b"".join(items)
+    return marshal.dumps(items, STRINGS_MARSHAL)
 
 
 def deserialize_bytes(buffer: bytes | memoryview, shape: Sequence[int]) -> np.ndarray:
+    """The object array of bytes that `serialize_bytes` packed, in `shape`; ValueError when the data is
+    not a list of as many bytes as `shape` holds."""
+    items = marshal.loads(buffer)
     count = math.prod(shape)
-    view = memoryview(buffer)
-    ends = list(itertools.accumulate(struct.unpack_from(f"<{count}I", view)))
-    data = bytes(view[4 * count :])
-    items = np.empty(count, dtype=object)
-    items[:] = list(map(data.__getitem__, map(slice, [0, *ends[:-1]], ends)))
-    return items.reshape(shape)
+    if type(items) is not list or len(items) != count or not all(type(item) is bytes for item in items):
+        raise ValueError(f"a string tensor's data is not a list of {count} bytes objects")
+    array = np.empty(count, dtype=object)
+    array[:] = items
+    return array.reshape(shape)
 
 
 def is_bytes_dtype(dtype: np.dtype) -> bool:
