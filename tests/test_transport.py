@@ -329,6 +329,18 @@ def test_busy_poll_pauses_after_a_window_without_a_cpu_to_spare(hops, tmp_path):
     assert busy_poll.poll(worker.poller) == [(worker.fileno(), select.POLLIN)]  # until the pause ends
 
 
+def test_busy_poll_does_not_pause_after_a_window_too_short_to_tell(hops, tmp_path):
+    """A message that came at once says nothing about the machine: the chain that delivered it may have
+    kept every CPU busy for those few microseconds."""
+    proxy, worker = hops
+    busy_poll = BusyPoll(window_us=2_000_000, loadavg=_no_cpu_to_spare(tmp_path))
+    _single_requests_came_quickly(busy_poll)
+    for _ in range(3):
+        proxy.send([b"at once"])
+        assert busy_poll.poll(worker.poller) == [(worker.fileno(), select.POLLIN)]
+        worker.receive()
+
+
 def test_busy_poll_pauses_twice_as_long_when_the_machine_is_still_busy_after_a_pause(hops, tmp_path):
     proxy, worker = hops
     busy_poll = BusyPoll(window_us=1_000, loadavg=_no_cpu_to_spare(tmp_path))
