@@ -163,8 +163,8 @@ PAUSES_NS = (10_000_000, 1_000_000_000)
 time, and at most, doubling while such windows follow each other."""
 JUDGED_WINDOW_NS = 200_000
 """How long a window must have lasted for its count of runnable threads to pause polling. In a shorter one
-the request's own chain can keep more threads runnable than there are CPUs from start to end: the proxy
-waits about 80 µs for a small reply, while tritonserver's threads hand the request on."""
+the request's own threads can keep more threads runnable than there are CPUs from start to end: the proxy
+waits about 80 µs for a small reply, while the worker and tritonserver's threads are busy with it."""
 
 
 class BusyPoll:
