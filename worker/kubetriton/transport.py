@@ -8,12 +8,13 @@ folder: a blocking send on one side wakes the thread blocked in a receive on the
 thread in between (a ZeroMQ round trip wakes six threads; on a small request that is most of its cost),
 and the kernel ends the connection the moment either process dies, so a request in flight fails at once.
 
-A message is a header frame followed by data frames. The header is packed binary (`encode_message`,
-`decode_message`): its kind, flags, id and the arena blocks the sender released, then one entry per
-request or response with a fixed-size descriptor per tensor (dtype, rank, where its data is), the
-tensor's name and shape. A hop's first message names the proxy instance's arenas, so that requests need
-not. A tensor travels either inline, as its own frame, or, when it is larger than the inline limit,
-through an `Arena`: a bounded, pre-sized shared-memory file.
+A message is a header frame followed by data frames. The header is one `marshal` of plain tuples and
+lists (`encode_message`, `decode_message`): its kind, flags, id and the arena blocks the sender
+released, then one entry per request or response with a descriptor per tensor (name, dtype, shape,
+where its data is). One C call writes it and one reads it back, where a packed binary layout needed
+Python steps per request and per tensor. A hop's first message names the proxy instance's arenas, so
+that requests need not. A tensor travels either inline, as its own frame, or, when it is larger than the
+inline limit, through an `Arena`: a bounded, pre-sized shared-memory file.
 
 Each proxy instance owns two arenas: the request arena, which only the proxy allocates in and the
 worker maps read-only, and the response arena, which only the worker allocates in and the proxy maps
@@ -377,31 +378,17 @@ FINAL = 6
 DECOUPLED = CANCEL = 1
 """Flags of REQUEST and CONTROL messages."""
 
-_HEAD = struct.Struct("<BBIIQ")
-"""A message header starts with its kind, flags, entry count, count of released blocks and message id,
-followed by the released blocks' offsets (8 bytes each), then by its entries or its text."""
-_REQUEST = struct.Struct("<HHI")
-"""A request entry: its input count, its requested output count (0: all) and the byte length of its
-parameters, followed by the parameters (Triton's JSON text), the requested outputs' names (each a 2-byte
-length and UTF-8) and the inputs' descriptors."""
-_COUNT = struct.Struct("<H")
-"""A response entry is its output count followed by the outputs' descriptors; also a name's length."""
-STRINGS_MARSHAL = 4
-"""The `marshal` version of string tensors' data on the hop (see `serialize_bytes`)."""
-_TENSOR_SIZES = struct.Struct("<BH")
-_TENSOR = "<BH4sBQQ{}s{}q"
-"""A tensor descriptor: its rank and its name's length, its dtype (numpy's dtype string, `|O` for strings
-as `serialize_bytes` packs them), 1 if it lies in an arena, its frame index or arena offset, its byte
-length, its name (UTF-8) and its shape (8 bytes a dimension). One struct per rank and name length packs
-or unpacks a whole descriptor at once."""
+MARSHAL_VERSION = 4
+"""The `marshal` version of message headers and of string tensors' data (see `serialize_bytes`). Both
+ends of a hop run this module; every Python since 3.4 reads version 4 as every other writes it."""
 
-Descriptor = tuple[str, np.dtype, tuple[int, ...], bool, int, int]
-"""A decoded tensor descriptor: (name, dtype, shape, in arena, frame index or arena offset, byte length).
-Plain tuples: a decoded message makes one per tensor, and a named tuple takes several times as long to
-make."""
+Descriptor = tuple[str, str, tuple[int, ...], bool, int, int]
+"""A tensor descriptor: (name, dtype, shape, in arena, frame index or arena offset, byte length). The dtype
+is numpy's dtype string (`<f4`), or `|O` for strings as `serialize_bytes` packs them. Plain tuples: a
+message holds one per tensor, and a named tuple takes several times as long to make."""
 RequestEntry = tuple[list[Descriptor], str, "list[str] | None"]
-"""A decoded request: (inputs, Triton's JSON text of its parameters or "" for none, the outputs its client
-asked for or None for all)."""
+"""A request: (inputs, Triton's JSON text of its parameters or "" for none, the outputs its client asked
+for or None for all). A response entry is the list of its outputs' descriptors."""
 
 
 class Message(NamedTuple):
@@ -410,148 +397,72 @@ class Message(NamedTuple):
     kind: int
     flags: int
     id: int
-    released: tuple[int, ...]
+    released: Sequence[int]
     """Offsets of blocks the sender released in the receiver's arena."""
-    entries: list[Any]
+    entries: Sequence[Any]
     """A REQUEST's `RequestEntry`s, or a REPLY's output descriptors, one list per request."""
     text: str
     """A HELLO's arena paths, separated by NUL; an ERROR's message."""
 
 
 _OBJECT = np.dtype(object)
-_CODES: dict[np.dtype, bytes] = {_OBJECT: b"|O"}
-_DTYPES: dict[bytes, np.dtype] = {b"|O\0\0": _OBJECT}
+_CODES: dict[np.dtype, str] = {}
+_DTYPES: dict[str, np.dtype] = {"|O": _OBJECT}
 _STRUCTS: dict[str, struct.Struct] = {}
-_TENSORS: dict[tuple[int, int], struct.Struct] = {}
 
 
 def _struct(layout: str) -> struct.Struct:
-    """A compiled struct for a format used again and again (per frame count, count of released blocks)."""
+    """A compiled struct for a format used again and again (one per frame count)."""
     compiled = _STRUCTS.get(layout)
     if compiled is None:
         compiled = _STRUCTS[layout] = struct.Struct(layout)
     return compiled
 
 
-def _tensor_struct(rank: int, name_length: int) -> struct.Struct:
-    compiled = _TENSORS.get((rank, name_length))
-    if compiled is None:
-        compiled = _TENSORS[rank, name_length] = struct.Struct(_TENSOR.format(name_length, rank))
-    return compiled
-
-
-def _dtype_code(dtype: np.dtype) -> bytes:
+def _dtype_code(dtype: np.dtype) -> str:
     code = _CODES.get(dtype)
     if code is None:
-        code = dtype.str.encode()
-        if len(code) > 4 or np.dtype(dtype.str) != dtype:
+        code = dtype.str
+        if dtype.kind not in "biuf" or np.dtype(code) != dtype:
             raise TypeError(f"arrays of dtype {dtype} cannot cross to the other process")
         _CODES[dtype] = code
     return code
 
 
-def _new_dtype(code: bytes) -> np.dtype:
-    dtype = _DTYPES[code] = np.dtype(code.rstrip(b"\0").decode())
+def _new_dtype(code: str) -> np.dtype:
+    dtype = _DTYPES[code] = np.dtype(code)
     return dtype
 
 
 def encode_message(
     kind: int,
     message_id: int = 0,
-    entries: Sequence[bytes] = (),
+    entries: Sequence[Any] = (),
     released: Sequence[int] = (),
     *,
     flags: int = 0,
     text: str = "",
 ) -> bytes:
-    """A message header; `entries` are what `encode_request_entry` or `encode_response_entry` made."""
-    head = _HEAD.pack(kind, flags, len(entries), len(released), message_id)
-    if released:
-        head += _struct(f"<{len(released)}Q").pack(*released)
-    if text:
-        return head + text.encode()
-    return head + b"".join(entries) if entries else head
-
-
-def encode_request_entry(inputs: Sequence[bytes], parameters: str, outputs: Sequence[str]) -> bytes:
-    """One request of a batch: its inputs' descriptors (`encode_tensor`), Triton's JSON text of its
-    parameters ("" for none) and the outputs its client asked for (empty for all)."""
-    if not (parameters or outputs):
-        return _REQUEST.pack(len(inputs), 0, 0) + b"".join(inputs)
-    text = parameters.encode()
-    names = []
-    for output in outputs:
-        encoded = output.encode()
-        names.append(_COUNT.pack(len(encoded)) + encoded)
-    return b"".join([_REQUEST.pack(len(inputs), len(outputs), len(text)), text, *names, *inputs])
-
-
-def encode_response_entry(outputs: Sequence[bytes]) -> bytes:
-    """One response of a batch: its outputs' descriptors (`encode_tensor`)."""
-    return _COUNT.pack(len(outputs)) + b"".join(outputs)
+    """A message header; `entries` are a REQUEST's `RequestEntry`s or a REPLY's response entries."""
+    return marshal.dumps((kind, flags, message_id, released, entries, text), MARSHAL_VERSION)
 
 
 def decode_message(frame: memoryview) -> Message:
     """A message header, as `encode_message` made it."""
-    kind, flags, count, released_count, message_id = _HEAD.unpack_from(frame)
-    at = _HEAD.size
-    released: tuple[int, ...] = ()
-    if released_count:
-        released = _struct(f"<{released_count}Q").unpack_from(frame, at)
-        at += 8 * released_count
-    entries: list[Any] = []
-    if kind == REQUEST:
-        for _ in range(count):
-            input_count, output_count, parameters_length = _REQUEST.unpack_from(frame, at)
-            at += _REQUEST.size
-            parameters = str(frame[at : at + parameters_length], "utf-8") if parameters_length else ""
-            at += parameters_length
-            outputs = None
-            if output_count:
-                outputs = []
-                for _ in range(output_count):
-                    (length,) = _COUNT.unpack_from(frame, at)
-                    at += _COUNT.size
-                    outputs.append(str(frame[at : at + length], "utf-8"))
-                    at += length
-            inputs = []
-            for _ in range(input_count):
-                descriptor, at = _decode_descriptor(frame, at)
-                inputs.append(descriptor)
-            entries.append((inputs, parameters, outputs))
-        return Message(kind, flags, message_id, released, entries, "")
-    if kind == REPLY:
-        for _ in range(count):
-            (output_count,) = _COUNT.unpack_from(frame, at)
-            at += _COUNT.size
-            outputs = []
-            for _ in range(output_count):
-                descriptor, at = _decode_descriptor(frame, at)
-                outputs.append(descriptor)
-            entries.append(outputs)
-        return Message(kind, flags, message_id, released, entries, "")
-    return Message(kind, flags, message_id, released, entries, str(frame[at:], "utf-8"))
-
-
-def _decode_descriptor(frame: memoryview, at: int) -> tuple[Descriptor, int]:
-    layout = _tensor_struct(*_TENSOR_SIZES.unpack_from(frame, at))
-    values = layout.unpack_from(frame, at)
-    dtype = _DTYPES.get(values[2]) or _new_dtype(values[2])
-    descriptor = (values[6].decode(), dtype, values[7:], values[3] == 1, values[4], values[5])
-    return descriptor, at + layout.size
+    return Message._make(marshal.loads(frame))
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:
-    """The elements as bytes (str as UTF-8), in one `marshal` of their list (version `STRINGS_MARSHAL`).
+    """The elements as bytes (str as UTF-8), in one `marshal` of their list.
 
     One C call packs the whole list here and one unpacks it in `deserialize_bytes`, where any layout of
     lengths and data needs a Python step per element on one side: that step was most of what strings
     cost the hop, which serializes and deserializes them once each way. Both ends run this module, and
-    every Python since 3.4 reads version 4; each end reads only what the other end's `marshal` wrote."""
+    each end reads only what the other end's `marshal` wrote (see `MARSHAL_VERSION`)."""
     items = array.ravel(order="C").tolist()
     if not _only_bytes(items):
         items = [item.encode() if isinstance(item, str) else bytes(item) for item in items]
-    return marshal.dumps(items, STRINGS_MARSHAL)
+    return marshal.dumps(items, MARSHAL_VERSION)
 
 
 def deserialize_bytes(buffer: bytes | memoryview, shape: Sequence[int]) -> np.ndarray:
@@ -583,21 +494,18 @@ def encode_tensor(
     arena: Arena | None,
     allocated: list[int],
     inline_limit: int = INLINE_LIMIT,
-) -> bytes:
+) -> Descriptor:
     """The descriptor of `array`, whose data is appended to `frames` or copied into `arena`.
 
     An arena block's offset is appended to `allocated`: the caller frees it once the peer reports it
     released."""
     serialized = serialize_bytes(array) if is_bytes_dtype(array.dtype) else None
-    code = b"|O" if serialized is not None else _dtype_code(array.dtype)
+    code = "|O" if serialized is not None else _dtype_code(array.dtype)
     nbytes = len(serialized) if serialized is not None else array.nbytes
-    encoded = name.encode()
-    rank = array.ndim
-    layout = _tensor_struct(rank, len(encoded))
     if nbytes <= inline_limit or arena is None or arena.size == 0:
         # bytes, not a numpy buffer: a socket sends them faster
         frames.append(serialized if serialized is not None else array.tobytes())
-        return layout.pack(rank, len(encoded), code, 0, len(frames) - 1, nbytes, encoded, *array.shape)
+        return (name, code, array.shape, False, len(frames) - 1, nbytes)
     offset = arena.allocate(nbytes)
     allocated.append(offset)
     target = arena.buffer[offset : offset + nbytes]
@@ -605,7 +513,7 @@ def encode_tensor(
         target[...] = np.frombuffer(serialized, np.uint8)
     else:
         np.copyto(target.view(array.dtype).reshape(array.shape), array)
-    return layout.pack(rank, len(encoded), code, 1, offset, nbytes, encoded, *array.shape)
+    return (name, code, array.shape, True, offset, nbytes)
 
 
 def decode_tensor(
@@ -620,7 +528,8 @@ def decode_tensor(
     array and every view of it are gone. Without it, the array is a plain view the caller must drop
     before the block is reused.
     """
-    _name, dtype, shape, in_arena, position, nbytes = descriptor
+    _name, code, shape, in_arena, position, nbytes = descriptor
+    dtype = _DTYPES.get(code) or _new_dtype(code)
     if not in_arena:
         buffer: Any = frames[position]
     else:

@@ -65,7 +65,6 @@ from kubetriton.transport import (
     decode_message,
     decode_tensor,
     encode_message,
-    encode_response_entry,
     encode_tensor,
     is_bytes_dtype,
 )
@@ -660,12 +659,10 @@ class InstanceServer(threading.Thread):
         try:
             for response in responses:
                 entries.append(
-                    encode_response_entry(
-                        [
-                            encode_tensor(name, array, frames, arena, allocated, inline_limit)
-                            for name, array in response.items()
-                        ]
-                    )
+                    [
+                        encode_tensor(name, array, frames, arena, allocated, inline_limit)
+                        for name, array in response.items()
+                    ]
                 )
         except ArenaFullError as error:
             for offset in allocated:

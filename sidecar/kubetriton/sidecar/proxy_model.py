@@ -53,7 +53,6 @@ from kubetriton.transport import (
     decode_message,
     decode_tensor,
     encode_message,
-    encode_request_entry,
     encode_tensor,
 )
 
@@ -184,9 +183,7 @@ class TritonPythonModel:
                 parameters = request.parameters()
                 outputs = request.requested_output_names()
                 entries.append(
-                    encode_request_entry(
-                        inputs, "" if parameters == "{}" else parameters, sorted(outputs) if outputs else ()
-                    )
+                    (inputs, "" if parameters == "{}" else parameters, sorted(outputs) if outputs else None)
                 )
         except ArenaFullError as error:
             self._free_requests(allocated)
