@@ -410,6 +410,9 @@ def test_the_api_server_frozen_costs_no_request_and_a_few_log_lines(
         f"{now_restarts}; node marked NotReady after the thaw: {node_flapped}"
     )
     print("operator log, WARNING and ERROR:\n" + "\n".join(levels["WARNING"] + levels["ERROR"]))
+    for client_name, (_answered, failed) in counts.items():
+        if failed:  # the load keeps its first failures: those since `before`, if it kept them
+            print(f"{client_name} failed: {after[client_name]['failures'][before[client_name]['failed'] :]}")
     assert levels["ERROR"] == []
     assert now_restarts == restarts, "an operator container restarted"
     assert applied_after <= 30
