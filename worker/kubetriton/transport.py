@@ -380,7 +380,8 @@ DECOUPLED = CANCEL = 1
 
 MARSHAL_VERSION = 4
 """The `marshal` version of message headers and of string tensors' data (see `serialize_bytes`). Both
-ends of a hop run this module; every Python since 3.4 reads version 4 as every other writes it."""
+ends of a hop run this module, on Python versions that may differ: every Python since 3.4 writes version
+4 when asked to and reads it."""
 
 Descriptor = tuple[str, str, tuple[int, ...], bool, int, int]
 """A tensor descriptor: (name, dtype, shape, in arena, frame index or arena offset, byte length). The dtype
