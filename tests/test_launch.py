@@ -108,8 +108,13 @@ def test_an_image_that_cannot_work_is_refused_in_one_line(version, numpy, reason
     assert result.stdout == ""
 
 
-def test_the_launcher_and_the_pod_contract_agree_on_the_exit_status():
+def test_the_launcher_and_the_pod_contract_agree():
     assert launch.UNSUPPORTED_IMAGE_EXIT_CODE == podenv.UNSUPPORTED_IMAGE_EXIT_CODE
+    assert launch.EXEC == podenv.LAUNCHER_EXEC
+    assert (launch.PROCESS_COUNT, launch.PROCESS_INDEX) == (
+        podenv.ENV_PROCESS_COUNT,
+        podenv.ENV_PROCESS_INDEX,
+    )
     assert [f"{major}.{minor}" for major, minor in launch.SUPPORTED] == [
         podenv.WORKER_PYTHONS[0],
         podenv.WORKER_PYTHONS[-1],

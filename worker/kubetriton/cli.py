@@ -12,6 +12,7 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "install-triton": ("kubetriton.triton_home", "install the local tritonserver used by local mode"),
+    "run": ("kubetriton.supervisor", "run a PyTriton script in several worker processes that serve together"),
     "render": ("kubetriton.operator.render", "print the objects the operator creates for a model.yaml"),
     "operator": ("kubetriton.operator.main", "run the PyTritonModel operator"),
     "deploy": ("kubetriton.operator.deploy", "serve a PyTriton script on a cluster, in the image you name"),

@@ -4,19 +4,30 @@ Readiness is what Kubernetes routes traffic by, so it is strict: every declared 
 Triton *and* a worker instance is attached to each of its proxy instances, and the worker is not
 draining. Server liveness alone is never readiness. The request counters are plain integers kept by
 the instance threads and read only when Prometheus scrapes, so the data path pays nothing for them.
+
+Where several worker processes serve the models, each has this endpoint on loopback and the supervisor
+serves the pod's from theirs: ready when every process is, and every process's metrics with its index.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from kubetriton import podenv
 from kubetriton.worker import ModelWorker
+
+PROCESS_PROBE_TIMEOUT_S = 1.5
+"""How long the pod's endpoint waits for the worker processes' answers (the kubelet waits 2 s in all)."""
 
 
 class WorkerCollector(Collector):
@@ -45,38 +56,23 @@ class WorkerCollector(Collector):
         yield from (requests, failures, busy, in_flight, attached)
 
 
-class HealthServer:
-    """Serves the probes and metrics on a port of its own, in a daemon thread."""
+Probe = Callable[[], tuple[bool, str]]
+"""A probe's answer: whether all is well, and the body that says why not."""
+
+
+class ProbeServer:
+    """Serves /livez, /readyz and /metrics on a port of its own, in a daemon thread."""
 
     def __init__(
-        self,
-        port: int,
-        *,
-        model_ready: Callable[[str], bool],
-        declared_models: Iterable[str],
-        workers: Callable[[], dict[str, ModelWorker]],
-        draining: Callable[[], bool],
+        self, address: tuple[str, int], *, live: Probe, ready: Probe, metrics: Callable[[], str]
     ) -> None:
-        self._model_ready = model_ready
-        self._declared = tuple(declared_models)
-        self._workers = workers
-        self._draining = draining
-        self._registry = CollectorRegistry()
-        self._registry.register(WorkerCollector(lambda: list(workers().values())))
-        ProcessCollector(registry=self._registry)  # process_start_time_seconds: restarts show in alerts
-        health = self
+        routes = {"/livez": live, "/readyz": ready, "/metrics": lambda: (True, metrics())}
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path == "/livez":
-                    ok, body = health.live()
-                elif self.path == "/readyz":
-                    ok, body = health.ready()
-                elif self.path == "/metrics":
-                    ok, body = True, generate_latest(health._registry).decode()
-                else:
-                    ok, body = False, "not found\n"
-                self.send_response(200 if ok else 503 if self.path in ("/livez", "/readyz") else 404)
+                route = routes.get(self.path)
+                ok, body = route() if route else (False, "not found\n")
+                self.send_response(200 if ok else 503 if route else 404)
                 self.send_header("Content-Type", "text/plain; charset=utf-8")
                 self.end_headers()
                 self.wfile.write(body.encode())
@@ -84,7 +80,7 @@ class HealthServer:
             def log_message(self, *args: object) -> None:
                 return
 
-        self._server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+        self._server = ThreadingHTTPServer(address, Handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="kubetriton-health", daemon=True
         )
@@ -95,6 +91,35 @@ class HealthServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class HealthServer(ProbeServer):
+    """The probes and metrics of one worker process. `address` is all interfaces for a pod's worker, and
+    loopback for one of several worker processes, whose supervisor serves the pod's (`ProcessesHealth`)."""
+
+    def __init__(
+        self,
+        port: int,
+        *,
+        model_ready: Callable[[str], bool],
+        declared_models: Iterable[str],
+        workers: Callable[[], dict[str, ModelWorker]],
+        draining: Callable[[], bool],
+        address: str = "0.0.0.0",
+    ) -> None:
+        self._model_ready = model_ready
+        self._declared = tuple(declared_models)
+        self._workers = workers
+        self._draining = draining
+        registry = CollectorRegistry()
+        registry.register(WorkerCollector(lambda: list(workers().values())))
+        ProcessCollector(registry=registry)  # process_start_time_seconds: restarts show in alerts
+        super().__init__(
+            (address, port),
+            live=self.live,
+            ready=self.ready,
+            metrics=lambda: generate_latest(registry).decode(),
+        )
 
     def live(self) -> tuple[bool, str]:
         dead = [
@@ -122,3 +147,87 @@ class HealthServer:
             elif not worker.attached:
                 problems.append(f"{model}: proxy instances not attached")
         return (False, "\n".join(problems) + "\n") if problems else (True, "ok\n")
+
+
+class ProcessesHealth(ProbeServer):
+    """The pod's probes and metrics when several worker processes serve its models. Each process serves
+    its own on loopback (`podenv.process_health_port`); the pod is ready when every process is, and its
+    metrics are every process's, labelled with the process's index, beside the restarts of each."""
+
+    def __init__(
+        self,
+        port: int,
+        *,
+        processes: int,
+        draining: Callable[[], bool],
+        restarts: Callable[[], Sequence[int]],
+    ) -> None:
+        self._ports = [podenv.process_health_port(port, index) for index in range(processes)]
+        self._draining = draining
+        self._restarts = restarts
+        super().__init__(
+            ("0.0.0.0", port), live=lambda: (True, "ok\n"), ready=self.ready, metrics=self.metrics
+        )
+
+    def ready(self) -> tuple[bool, str]:
+        if self._draining():
+            return False, "draining\n"
+        problems = []
+        for index, (ok, body) in enumerate(self._ask_each("/readyz")):
+            if not ok:
+                problems += [f"process {index}: {line}" for line in (body or "not answering").splitlines()]
+        return (False, "\n".join(problems) + "\n") if problems else (True, "ok\n")
+
+    def metrics(self) -> str:
+        families: dict[str, Metric] = {}
+        for index, (ok, text) in enumerate(self._ask_each("/metrics")):
+            if not ok:
+                continue
+            for family in text_string_to_metric_families(text):
+                merged = families.setdefault(
+                    family.name, Metric(family.name, family.documentation, family.type, family.unit)
+                )
+                merged.samples += [
+                    sample._replace(labels={**sample.labels, "process": str(index)})
+                    for sample in family.samples
+                ]
+        restarts = CounterMetricFamily(
+            "kubetriton_process_restarts",
+            "Times the supervisor restarted a worker process",
+            labels=["process"],
+        )
+        for index, count in enumerate(self._restarts()):
+            restarts.add_metric([str(index)], count)
+        registry = CollectorRegistry()
+        registry.register(_Families([*families.values(), restarts]))
+        return generate_latest(registry).decode()
+
+    def _ask_each(self, path: str) -> list[tuple[bool, str]]:
+        """Every process's answer to `path`, asked all at once: one that hangs delays the pod's probe by
+        `PROCESS_PROBE_TIMEOUT_S` at most."""
+        with ThreadPoolExecutor(len(self._ports)) as pool:
+            return list(pool.map(lambda port: _fetch(port, path), self._ports))
+
+
+class _Families(Collector):
+    """Metric families gathered already, for one rendering."""
+
+    def __init__(self, families: Sequence[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def _fetch(port: int, path: str) -> tuple[bool, str]:
+    """GET a path of a worker process's probe endpoint: whether it answered 200, and its body ("" when it
+    did not answer at all)."""
+    try:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}{path}", timeout=PROCESS_PROBE_TIMEOUT_S
+        ) as reply:
+            return True, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return False, error.read().decode()
+    except OSError:
+        return False, ""

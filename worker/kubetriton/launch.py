@@ -3,7 +3,10 @@
 `kubetriton bootstrap` copies this file into the workspace beside kubetriton's pure-Python packages and a
 pyzmq for each supported Python. The worker container runs it with the image's own `python3`. It refuses
 an image that cannot work with a one-line reason (the container's termination message, which the operator
-turns into a status condition), then makes kubetriton importable and runs the script as `__main__`.
+turns into a status condition), then makes kubetriton importable and runs the script as `__main__`. With
+several worker processes (KUBETRITON_PROCESS_COUNT), it becomes their supervisor instead
+(`kubetriton.supervisor`), and each process runs this file again with its index; `--exec COMMAND...`
+supervises a command of the user's rather than a script.
 
 The provided packages go at the end of the import path, after the image's site-packages: what the image
 has wins. An image that has kubetriton keeps its own copy, and the user's NumPy, pyzmq and protobuf stay
@@ -23,6 +26,10 @@ SUPPORTED = ((3, 10), (3, 13))
 UNSUPPORTED_IMAGE_EXIT_CODE = 78
 """kubetriton.podenv.UNSUPPORTED_IMAGE_EXIT_CODE; this file imports nothing of kubetriton."""
 TERMINATION_LOG = "/dev/termination-log"
+EXEC = "--exec"
+"""kubetriton.podenv.LAUNCHER_EXEC"""
+PROCESS_COUNT, PROCESS_INDEX = "KUBETRITON_PROCESS_COUNT", "KUBETRITON_PROCESS_INDEX"
+"""kubetriton.podenv.ENV_PROCESS_COUNT and ENV_PROCESS_INDEX"""
 
 
 def refuse(reason):
@@ -61,10 +68,19 @@ def provide_runtime(runtime):
 
 
 def main():
-    if len(sys.argv) < 2:
-        sys.exit("usage: python3 launch.py SCRIPT [ARGUMENT...]")
+    if len(sys.argv) < 2 or sys.argv[1:] == [EXEC]:
+        sys.exit(f"usage: python3 launch.py SCRIPT [ARGUMENT...] | {EXEC} COMMAND [ARGUMENT...]")
     check_image()
     provide_runtime(os.path.dirname(os.path.abspath(__file__)))
+    command = sys.argv[1:]
+    count = os.environ.get(PROCESS_COUNT, "1")
+    if count != "1" and PROCESS_INDEX not in os.environ:
+        from kubetriton.supervisor import supervise_pod
+
+        each = command[1:] if command[0] == EXEC else [sys.executable, os.path.abspath(__file__), *command]
+        sys.exit(supervise_pod(each, int(count)))
+    if command[0] == EXEC:
+        os.execvp(command[1], command[1:])
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python3 SCRIPT` would have it

@@ -154,14 +154,30 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def write_model(repository: Path, spec: ModelSpec, parameters: Mapping[str, str], runtime: Path) -> Path:
-    """Write the model's directory into the repository, replacing any earlier version of it. The proxy
-    imports its modules from `runtime`, a path that is the same for Triton as for the worker."""
+def write_model(repository: Path, spec: ModelSpec, parameters: Mapping[str, str], runtime: Path) -> bool:
+    """Write the model's directory into the repository, replacing any earlier version of it; False when it
+    holds these very files already (a restarted worker's), which are then left as they are, so that Triton
+    need not load the model again. The proxy imports its modules from `runtime`, a path that is the same
+    for Triton as for the worker."""
     model_dir = repository / spec.name
+    files = {
+        model_dir / str(spec.version) / "model.py": PROXY_MODEL_SOURCE.format(runtime=str(runtime)),
+        model_dir / "config.pbtxt": render_config(spec, parameters),
+    }
+    if _holds(model_dir, files, spec.version):
+        return False
     if model_dir.exists():
         shutil.rmtree(model_dir)
-    version_dir = model_dir / str(spec.version)
-    version_dir.mkdir(parents=True)
-    (version_dir / "model.py").write_text(PROXY_MODEL_SOURCE.format(runtime=str(runtime)))
-    (model_dir / "config.pbtxt").write_text(render_config(spec, parameters))
-    return model_dir
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return True
+
+
+def _holds(model_dir: Path, files: Mapping[Path, str], version: int) -> bool:
+    """Whether `model_dir` has `files` with these texts and no version but `version`."""
+    try:
+        versions = [entry.name for entry in model_dir.iterdir() if entry.is_dir()]
+        return versions == [str(version)] and all(path.read_text() == text for path, text in files.items())
+    except (FileNotFoundError, NotADirectoryError):
+        return False

@@ -7,7 +7,7 @@ step and the proxy model read them. Keeping them in one module is what keeps the
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 TRITON_VERSION = "2.51.0"
@@ -19,6 +19,13 @@ GRPC_PORT = 8001
 METRICS_PORT = 8002
 HEALTH_PORT = 8080
 """The worker's own HTTP endpoint: /livez, /readyz and /metrics."""
+
+
+def process_health_port(health_port: int, index: int) -> int:
+    """Where worker process `index` of several serves its own probes, on loopback: the ports after the
+    worker's, whose endpoint the processes' supervisor serves."""
+    return health_port + 1 + index
+
 
 WORKSPACE_MOUNT = "/workspace"
 """The shared emptyDir: model repository, sockets and the bootstrapped runtime for the proxy."""
@@ -37,7 +44,10 @@ WORKER_RUNTIME_SUBDIR = "worker-runtime"
 and nothing of kubetriton: the launcher, kubetriton's pure-Python packages in `packages/`, and pyzmq for each
 supported Python in `cp3XX/`."""
 LAUNCHER = "launch.py"
-"""In the worker runtime: checks the image, puts the runtime on the import path and runs the user's script."""
+"""In the worker runtime: checks the image, puts the runtime on the import path and runs the user's script;
+supervises the worker processes where there are several."""
+LAUNCHER_EXEC = "--exec"
+"""The launcher's option that runs a command (the rest of its arguments) instead of a script."""
 WORKER_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 """The Python versions a worker image may have."""
 UNSUPPORTED_IMAGE_EXIT_CODE = 78
@@ -80,6 +90,13 @@ ENV_TRITON_IMAGE = "KUBETRITON_TRITON_IMAGE"
 """Given to `kubetriton bootstrap`: the sidecar's image, whose tag decides the sidecar's Python."""
 ENV_SHM_DIR = "KUBETRITON_SHM_DIR"
 """Where the shared-memory volume is mounted in both containers (default /dev/shm)."""
+ENV_PROCESS_COUNT = "KUBETRITON_PROCESS_COUNT"
+"""How many worker processes run the script (`spec.worker.processes`, `kubetriton run --processes`)."""
+ENV_PROCESS_INDEX = "KUBETRITON_PROCESS_INDEX"
+"""Which of them this process is, from 0; set by the supervisor for each process it starts."""
+ENV_SUPERVISOR = "KUBETRITON_SUPERVISOR"
+"""Local mode with several processes: the supervisor's socket, through which `Triton()` asks for the one
+local tritonserver that all of them serve through."""
 
 REPOSITORY_TOKEN_HEADER = "kubetriton-repository-token"
 GRPC_RESTRICTED_PREFIX = "triton-grpc-protocol-"
@@ -129,6 +146,40 @@ class AttachSettings:
             health_port=int(env.get(ENV_HEALTH_PORT, HEALTH_PORT)),
             shm_dir=env.get(ENV_SHM_DIR, SHM_MOUNT),
         )
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    """The worker processes that serve one script's models together, and this process's place among them.
+
+    Triton sees one model whose instance group holds every process's instances: process `index` serves
+    instances `index * k` to `index * k + k - 1` of a model bound with k callables. Process 0 writes the
+    model into the repository and loads it; the others only serve their instances."""
+
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> ProcessGroup:
+        """The group the supervisor put this process in; one process alone without one. ValueError when
+        the variables are not a valid place (an index outside 0..count-1)."""
+        env = os.environ if environ is None else environ
+        count = env.get(ENV_PROCESS_COUNT, "1")
+        index = env.get(ENV_PROCESS_INDEX, "0")
+        if not (count.isdigit() and index.isdigit() and int(index) < int(count)):
+            raise ValueError(
+                f"{ENV_PROCESS_INDEX}={index!r} and {ENV_PROCESS_COUNT}={count!r} are no place in a group of "
+                "worker processes: the index must be a whole number below the count"
+            )
+        return cls(int(index), int(count))
+
+    @property
+    def loads_models(self) -> bool:
+        """Whether this process writes the models into the repository and has Triton load them."""
+        return self.index == 0
+
+    def first_instance(self, instances_per_process: int) -> int:
+        return self.index * instances_per_process
 
 
 def restricted_api_groups(

@@ -174,8 +174,8 @@ def _is_this_machine(host: str) -> bool:
     return False
 
 
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGTERM tritonserver if the process that launched it dies."""
+def die_with_parent() -> None:
+    """Ask the kernel to SIGTERM this child process (run before it executes) if its parent dies."""
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
@@ -249,7 +249,7 @@ class LocalTritonServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         try:
             self.control.wait_until_live(timeout_s, self.is_running)

@@ -54,6 +54,7 @@ PARAM_ARENA_DIR = "kubetriton.arena_dir"
 PARAM_ARENA_BYTES = "kubetriton.arena_bytes"
 PARAM_INLINE_LIMIT = "kubetriton.inline_limit"
 PARAM_BUSY_POLL_US = "kubetriton.busy_poll_us"
+PARAM_WORKER_WAIT_S = "kubetriton.worker_wait_s"
 """config.pbtxt parameters through which the worker tells each proxy instance where to find it."""
 
 _LENGTH = struct.Struct("<I")

@@ -55,6 +55,7 @@ from kubetriton.transport import (
     PARAM_BUSY_POLL_US,
     PARAM_HOP_PATH,
     PARAM_INLINE_LIMIT,
+    PARAM_WORKER_WAIT_S,
     REPLY,
     REQUEST,
     Arena,
@@ -94,6 +95,11 @@ class Reply(NamedTuple):
 FINAL_REPLY = Reply(FINAL, [], [])
 
 
+WORKER_RESTART_WAIT_S = 30.0
+"""How long a proxy instance of a model served by several worker processes holds a batch while its own
+process restarts: about what a script that loads a model onto a GPU takes to start again. The other
+processes serve everything else meanwhile."""
+
 ENV_BUSY_POLL_US = "KUBETRITON_BUSY_POLL_US"
 """How many microseconds the worker's instances and their proxies poll for a message before they sleep
 (`BusyPoll`); 0 never polls."""
@@ -123,6 +129,9 @@ class TransportSettings:
     arena_bytes: int
     inline_limit: int = INLINE_LIMIT
     busy_poll_us: int = field(default_factory=busy_poll_us)
+    worker_wait_s: float = 0.0
+    """How long a proxy instance waits for its worker to listen again before it fails a request: 0 fails
+    at once; the instances of several worker processes wait for a restarting one (`WORKER_RESTART_WAIT_S`)."""
 
     def address(self, model: str, instance: int | str) -> str:
         return f"ipc://{self.sockets_dir}/{model}.{instance}"
@@ -138,7 +147,7 @@ class TransportSettings:
             raise ValueError(
                 f"Socket path {longest} is too long for a Unix socket; use a shorter workspace path"
             )
-        return {
+        parameters = {
             PARAM_ADDRESS: self.address(model, "{instance}"),
             PARAM_HOP_PATH: self.hop_path(model, "{instance}"),
             PARAM_ARENA_DIR: str(self.arena_dir),
@@ -146,6 +155,9 @@ class TransportSettings:
             PARAM_INLINE_LIMIT: str(self.inline_limit),
             PARAM_BUSY_POLL_US: str(self.busy_poll_us),
         }
+        if self.worker_wait_s:
+            parameters[PARAM_WORKER_WAIT_S] = f"{self.worker_wait_s:g}"
+        return parameters
 
 
 class _EventLoopThread:
@@ -715,7 +727,8 @@ def _items(result: Any) -> Iterator[Any]:
 
 
 class ModelWorker:
-    """The instance servers of one bound model."""
+    """The instance servers of one bound model in this process: one per callable, numbered from
+    `first_instance` (the model's other instances may be served by other worker processes)."""
 
     def __init__(
         self,
@@ -725,11 +738,12 @@ class ModelWorker:
         *,
         debug: bool,
         on_unrecoverable: Callable[[BaseException], None],
+        first_instance: int = 0,
     ) -> None:
         self.spec = spec
         self.instances = [
             InstanceServer(spec, index, func, transport, debug=debug, on_unrecoverable=on_unrecoverable)
-            for index, func in enumerate(infer_funcs)
+            for index, func in enumerate(infer_funcs, start=first_instance)
         ]
 
     def start(self) -> None:

@@ -42,7 +42,7 @@ from kubetriton.server import (
 from kubetriton.sidecar.bootstrap import install_runtime
 from kubetriton.triton_home import locate
 from kubetriton.warmup import warmup_samples
-from kubetriton.worker import ModelWorker, TransportSettings
+from kubetriton.worker import WORKER_RESTART_WAIT_S, ModelWorker, TransportSettings
 
 from pytriton.client._url import parse_url
 from pytriton.exceptions import (
@@ -75,6 +75,8 @@ VALID_TRITON_ENDPOINTS = frozenset(
 DEFAULT_PROTECTED_ENDPOINTS = list(podenv.DEFAULT_PROTECTED_ENDPOINTS)
 TRITON_ACCESS_HEADER = podenv.ACCESS_TOKEN_HEADER
 SIDECAR_WAIT_S = 600.0
+SUPERVISOR_WAIT_S = 300.0
+"""How long a worker process waits for the local tritonserver that its supervisor launches."""
 REMOTE_WAIT_S = 120.0
 """How long RemoteTriton waits for its Triton to become live."""
 REMOTE_DRAIN_S = 30.0
@@ -399,6 +401,7 @@ class _Serving:
         self._stop_requested = threading.Event()
         self._signalled = False
         self._draining = False
+        self._group = _process_group()
         self._started = False
         self._connected = False
         self._stopped = False
@@ -462,7 +465,7 @@ class _Serving:
             named_inputs,
             named_outputs,
             config,
-            instances=len(funcs),
+            instances=len(funcs) * self._group.count,
             strict=strict,
             version=model_version,
             warmups=warmup_samples(
@@ -628,9 +631,18 @@ class _Serving:
         assert self._control is not None
         self._control.repository_token = repository_token
         sockets.mkdir(parents=True, exist_ok=True)
+        self._transport = self._transport_settings(sockets, arena_dir)
+        if self._group.loads_models:
+            threading.Thread(
+                target=self._keep_models_loaded, name="kubetriton-model-keeper", daemon=True
+            ).start()
+
+    def _transport_settings(self, sockets: Path, arena_dir: Path) -> TransportSettings:
+        """Where this process's instances listen and put tensors; the proxies of a model that several
+        processes serve wait for a restarting one."""
         arena_bytes = int(os.environ.get(podenv.ENV_ARENA_BYTES, podenv.DEFAULT_ARENA_BYTES))
-        self._transport = TransportSettings(sockets, arena_dir, arena_bytes)
-        threading.Thread(target=self._keep_models_loaded, name="kubetriton-model-keeper", daemon=True).start()
+        wait_s = WORKER_RESTART_WAIT_S if self._group.count > 1 else 0.0
+        return TransportSettings(sockets, arena_dir, arena_bytes, worker_wait_s=wait_s)
 
     def _keep_models_loaded(self) -> None:
         """Load the bound models again when Triton restarted and came back without them.
@@ -654,26 +666,36 @@ class _Serving:
                     LOGGER.error("Loading model '%s' again failed: %s", name, error)
             pause = min(pause * 2, RELOAD_PAUSE_MAX_S) if failed else RELOAD_CHECK_S
 
-    def _prepare(self, spec: ModelSpec, funcs: list[Callable[..., Any]]) -> ModelWorker:
-        """Start the model's worker instances, which answer its warm-up samples first, and write the model
-        into the repository."""
+    def _prepare(self, spec: ModelSpec, funcs: list[Callable[..., Any]]) -> tuple[ModelWorker, bool]:
+        """Start this process's instances of the model, which answer its warm-up samples first, and write
+        the model into the repository when this process loads models. With the worker, whether Triton has
+        to load the model: False when it serves the very files written already (a restarted process)."""
         assert self._transport is not None
         parameters = self._transport.model_parameters(spec.name, spec.instances)
         worker = ModelWorker(
-            spec, funcs, self._transport, debug=self._debug, on_unrecoverable=self._unrecoverable
+            spec,
+            funcs,
+            self._transport,
+            debug=self._debug,
+            on_unrecoverable=self._unrecoverable,
+            first_instance=self._group.first_instance(len(funcs)),
         )
         worker.start()
+        if not self._group.loads_models:
+            return worker, False
         try:
-            write_model(self._model_repository, spec, parameters, self._runtime)
+            changed = write_model(self._model_repository, spec, parameters, self._runtime)
         except BaseException:
             worker.stop()
             raise
-        return worker
+        return worker, changed
 
     def _load(self, spec: ModelSpec, funcs: list[Callable[..., Any]]) -> None:
-        worker = self._prepare(spec, funcs)
+        assert self._control is not None
+        worker, changed = self._prepare(spec, funcs)
         try:
-            self._load_into_triton(spec.name)
+            if changed or (self._group.loads_models and not self._control.is_model_ready(spec.name)):
+                self._load_into_triton(spec.name)
         except BaseException:
             worker.stop()
             raise
@@ -719,11 +741,20 @@ class Triton(_Serving):
             VertextAILifecyclePolicy if self._config.allow_vertex_ai else DefaultTritonLifecyclePolicy
         )
         self._pod = podenv.AttachSettings.from_environ()
+        self._supervisor = None if self._pod else os.environ.get(podenv.ENV_SUPERVISOR)
+        self._workspace_given = workspace
         debug = (self._config.log_verbose or 0) > 0 or os.environ.get("KUBETRITON_DEBUG") == "1"
         self._workspace_lock: int | None = None
         if self._pod is not None:
             self._refuse_what_a_pod_cannot_apply(lifecycle, security_config)
             root = Path(self._pod.workspace)
+        elif self._supervisor is not None:
+            if lifecycle.local_model_store:
+                raise PyTritonValidationError(
+                    "TritonLifecyclePolicy(local_model_store=True) cannot apply with several worker "
+                    "processes: their Triton is launched before they bind their models (run the script alone)"
+                )
+            root = Path(workspace or tempfile.gettempdir())  # until the supervisor names the server's
         elif workspace is None:
             for parent in (tempfile.gettempdir(), podenv.SHM_MOUNT):
                 remove_abandoned(Path(parent))
@@ -736,6 +767,7 @@ class Triton(_Serving):
         if self._pod is None:
             self._check_local_config()
         self._server: LocalTritonServer | None = None
+        self._published: PublishedServer | None = None
         self._publication: tuple[Path, int] | None = None
         self._health: HealthServer | None = None
 
@@ -809,6 +841,8 @@ class Triton(_Serving):
     def _start_triton(self) -> None:
         if self._pod is not None:
             self._start_attached()
+        elif self._supervisor is not None:
+            self._start_hosted(self._supervisor)
         else:
             self._start_local()
 
@@ -828,6 +862,8 @@ class Triton(_Serving):
             self._server.stop()
         elif self._pod is not None:
             self._drain()
+        else:  # hosted: the supervisor stops Triton, which finishes what it passed on to this process
+            self._wait_until_idle(REMOTE_DRAIN_S)
 
     def _release(self) -> None:
         if self._health is not None:
@@ -862,8 +898,9 @@ class Triton(_Serving):
                 clients,
                 self._pod.drain_seconds,
             )
-        if not request_sidecar_stop(self._workspace / podenv.SIDECAR_STOP_FIFO):
-            return
+        fifo = self._workspace / podenv.SIDECAR_STOP_FIFO
+        if not request_sidecar_stop(fifo) and not fifo.exists():
+            return  # no sidecar; one whose FIFO nobody reads was asked to stop already (by another process)
         deadline = time.monotonic() + podenv.SIDECAR_EXIT_TIMEOUT_S + SIDECAR_UNLOAD_S
         while any(worker.attached for worker in self._workers.values()) and time.monotonic() < deadline:
             time.sleep(DRAIN_POLL_S)
@@ -872,13 +909,12 @@ class Triton(_Serving):
         config = self._config
         server_id = config.id or f"{os.getpid()}-{secrets.token_hex(4)}"
         shm_prefix = f"{podenv.SHM_MOUNT}/kubetriton-{server_id}"
-        arena_bytes = int(os.environ.get(podenv.ENV_ARENA_BYTES, podenv.DEFAULT_ARENA_BYTES))
         if config.model_repository is not None:
             self._model_repository = Path(config.model_repository)
         sockets = self._workspace / podenv.SOCKETS_SUBDIR
         for directory in (self._model_repository, sockets):
             directory.mkdir(parents=True, exist_ok=True)
-        self._transport = TransportSettings(sockets, Path(shm_prefix) / "arenas", arena_bytes)
+        self._transport = self._transport_settings(sockets, Path(shm_prefix) / "arenas")
         home = locate()
         install_runtime(self._runtime, home.stub_python.wheels, home.stub_python.version)
         server_config = config
@@ -913,7 +949,7 @@ class Triton(_Serving):
         if self._lifecycle.local_model_store:
             preloaded, self._pending = self._pending, []
             for spec, funcs in preloaded:
-                self._workers[spec.name] = self._prepare(spec, funcs)
+                self._workers[spec.name] = self._prepare(spec, funcs)[0]
                 extra_args.append(f"--load-model={spec.name}")
         repository_token = secrets.token_urlsafe(24)
         self._server = LocalTritonServer(
@@ -937,7 +973,7 @@ class Triton(_Serving):
         self._server.start()
         for spec, _ in preloaded:
             self._apply_trace_settings(spec.name)
-        published = PublishedServer(
+        self._published = published = PublishedServer(
             ports={
                 protocol: ports[name]
                 for protocol, name in (("http", "HTTP"), ("grpc", "gRPC"))
@@ -954,6 +990,37 @@ class Triton(_Serving):
             self._publication = publish(published)
         except (OSError, PyTritonRuntimeError) as error:
             LOGGER.warning("RemoteTriton of other processes cannot find this server: %s", error)
+
+    def _start_hosted(self, supervisor: str) -> None:
+        """One of several worker processes on this machine: serve through the one tritonserver that their
+        supervisor hosts, launched as the first process to ask configured it (`kubetriton.supervisor`)."""
+        from kubetriton.supervisor import ask_for_server
+
+        security = self._security
+        settings = {
+            "process": self._group.index,
+            "config": {
+                name: str(value) if isinstance(value, Path) else value
+                for name, value in self._config.to_dict().items()
+            },
+            "workspace": None if self._workspace_given is None else str(self._workspace_given),
+            "security": {
+                "access_token": None if security._token_generated else security.access_token,
+                "restricted_endpoints": self._restricted(),
+            },
+        }
+        try:
+            reply = ask_for_server(supervisor, settings, SUPERVISOR_WAIT_S)
+        except (OSError, RuntimeError, ValueError) as error:
+            raise PyTritonRuntimeError(
+                f"The supervisor of the worker processes provides no Triton: {error}"
+            ) from None
+        server = PublishedServer(**reply["server"])
+        self._control = TritonControl(reply["control_url"], access_token=server.access_token)
+        security.access_token = server.access_token
+        self._model_repository = Path(server.model_repository)
+        self._runtime = Path(server.runtime)
+        self._serve_through(server.repository_token, Path(server.sockets), Path(server.arena_dir))
 
     def _start_attached(self) -> None:
         settings = self._pod
@@ -985,6 +1052,13 @@ class Triton(_Serving):
             if line.startswith("E") and (f"'{model}'" in line or f" {model}" in line)
         ]
         return "\n" + "\n".join(lines) if lines else ""
+
+
+def _process_group() -> podenv.ProcessGroup:
+    try:
+        return podenv.ProcessGroup.from_environ()
+    except ValueError as error:
+        raise PyTritonValidationError(str(error)) from None
 
 
 def _local_address(bound: str | None) -> str:
@@ -1046,6 +1120,8 @@ class RemoteTriton(_Serving):
         """Finish what is in flight, then unload the models: nothing is left in Triton to serve them."""
         assert self._control is not None
         self._wait_until_idle(REMOTE_DRAIN_S)
+        if not self._group.loads_models:
+            return
         for name in self._workers:
             try:
                 self._control.unload(name)

@@ -9,10 +9,12 @@ worker replies once per streamed item: the proxy forwards each, releases its res
 (the stream must not fill the arena), and tells the worker to close the generator when every client of
 the stream has cancelled.
 
-A worker that is not attached fails a request at once; a worker that goes away while a request is in
-flight fails it as soon as the kernel closes the hop. The arenas are reset then, because the blocks the
-worker held are gone with it. This module runs inside the stock Triton image: numpy, pyzmq and
-`kubetriton.transport` only, valid Python 3.10.
+A worker that is not attached fails a request at once, unless the model's instances are spread over
+several worker processes: then the proxy waits a while for its process to come back (Triton hands this
+instance's next batch to no other instance, while the other processes serve the rest). A worker that goes
+away while a request is in flight fails it as soon as the kernel closes the hop. The arenas are reset
+then, because the blocks the worker held are gone with it. This module runs inside the stock Triton
+image: numpy, pyzmq and `kubetriton.transport` only, valid Python 3.10.
 
 A stub that cannot exchange tensors with the numpy it runs with refuses to load the model: READY with
 wrong answers is the one outcome a client cannot notice.
@@ -43,6 +45,7 @@ from kubetriton.transport import (
     PARAM_BUSY_POLL_US,
     PARAM_HOP_PATH,
     PARAM_INLINE_LIMIT,
+    PARAM_WORKER_WAIT_S,
     REQUEST,
     Arena,
     ArenaFullError,
@@ -58,6 +61,8 @@ from kubetriton.transport import (
 
 CANCEL_CHECK_S = 0.1
 """How often a running stream asks Triton whether its clients cancelled it."""
+WORKER_WAIT_POLL_S = 0.02
+"""How often a proxy that waits for its restarting worker tries the hop again."""
 
 
 class WorkerUnavailableError(RuntimeError):
@@ -111,6 +116,7 @@ class TritonPythonModel:
         self._hop_path = parameters[PARAM_HOP_PATH].format(instance=instance)
         self._hop: Hop | None = None
         self._busy_poll = BusyPoll(int(parameters.get(PARAM_BUSY_POLL_US, 0)))
+        self._worker_wait_s = float(parameters.get(PARAM_WORKER_WAIT_S, 0))
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         if self._decoupled:
@@ -220,10 +226,7 @@ class TritonPythonModel:
         """The hop to the worker, connected now if there is none (the first request, or the last hop's
         worker went away)."""
         if self._hop is None:
-            try:
-                hop = Hop.connect(self._hop_path)
-            except OSError:
-                raise self._not_attached() from None
+            hop = self._connect()
             try:
                 hop.send([encode_message(HELLO, text="\0".join(self._arena_paths))])
             except OSError:
@@ -232,9 +235,21 @@ class TritonPythonModel:
             self._hop = hop
         return self._hop
 
+    def _connect(self) -> Hop:
+        """A new hop to the worker; within `worker_wait_s`, tries again until a restarting worker listens."""
+        deadline = time.monotonic() + self._worker_wait_s
+        while True:
+            try:
+                return Hop.connect(self._hop_path)
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise self._not_attached() from None
+                time.sleep(WORKER_WAIT_POLL_S)
+
     def _not_attached(self) -> WorkerUnavailableError:
+        waited = f" within {self._worker_wait_s:g} s" if self._worker_wait_s else ""
         return WorkerUnavailableError(
-            f"No worker is attached to model '{self._model}'; is the worker process running?"
+            f"No worker is attached to model '{self._model}'{waited}; is the worker process running?"
         )
 
     def _forget_worker(self) -> None:

@@ -1,0 +1,189 @@
+"""The supervisor's rules, table-tested, and the pod's probes and metrics built from its processes' own."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from kubetriton import podenv
+from kubetriton.health import HealthServer, ProcessesHealth
+from kubetriton.supervisor import RestartPolicy, _differences, process_devices, process_environment
+
+POLICY = RestartPolicy(quick_exit_s=60, give_up_after=5, backoff_s=(0, 1, 2, 4, 8))
+
+
+@pytest.mark.parametrize(
+    ("failures_before", "ran_s", "failures", "delay"),
+    [
+        (0, 3600, 1, 0),  # killed after an hour: back at once
+        (0, 5, 1, 0),  # the first quick exit: back at once too
+        (1, 5, 2, 1),
+        (2, 5, 3, 2),
+        (3, 5, 4, 4),
+        (4, 5, 5, None),  # the fifth quick exit in a row: give up
+        (4, 61, 1, 0),  # ran longer than the window: the count starts afresh
+    ],
+)
+def test_restarts_back_off_and_give_up_on_a_process_that_keeps_exiting(
+    failures_before: int, ran_s: float, failures: int, delay: float | None
+) -> None:
+    assert POLICY.after_exit(failures_before, ran_s) == (failures, delay)
+
+
+def test_backoff_keeps_its_last_step_beyond_the_table() -> None:
+    assert RestartPolicy(give_up_after=9, backoff_s=(0, 3)).after_exit(5, 1) == (6, 3)
+
+
+@pytest.mark.parametrize(
+    ("count", "environ", "devices"),
+    [
+        (2, {}, [None, None]),
+        (2, {"NVIDIA_VISIBLE_DEVICES": "all"}, [None, None]),
+        (2, {"NVIDIA_VISIBLE_DEVICES": "void"}, [None, None]),
+        (2, {"NVIDIA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}, ["GPU-aaa", "GPU-bbb"]),
+        (2, {"NVIDIA_VISIBLE_DEVICES": "MIG-aaa,MIG-bbb"}, ["MIG-aaa", "MIG-bbb"]),
+        (2, {"NVIDIA_VISIBLE_DEVICES": "3,5"}, ["0", "1"]),  # the container sees them as 0 and 1
+        (3, {"NVIDIA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}, [None, None, None]),  # not one each
+        (1, {"NVIDIA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}, [None]),
+        (2, {"CUDA_VISIBLE_DEVICES": "1,0", "NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"}, ["1", "0"]),
+        (2, {"CUDA_VISIBLE_DEVICES": ""}, [None, None]),
+    ],
+)
+def test_each_process_sees_its_own_gpu_where_there_is_one_each(
+    count: int, environ: dict[str, str], devices: list[str | None]
+) -> None:
+    assert process_devices(count, environ) == devices
+
+
+def test_a_process_learns_its_place_and_its_gpu() -> None:
+    env = process_environment(1, 2, {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b", "HOME": "/h"}, {"EXTRA": "x"})
+    assert podenv.ProcessGroup.from_environ(env) == podenv.ProcessGroup(index=1, count=2)
+    assert (env["CUDA_VISIBLE_DEVICES"], env["HOME"], env["EXTRA"], env["PYTHONUNBUFFERED"]) == (
+        "GPU-b",
+        "/h",
+        "x",
+        "1",
+    )
+    assert "CUDA_VISIBLE_DEVICES" not in process_environment(0, 3, {"NVIDIA_VISIBLE_DEVICES": "all"}, {})
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {podenv.ENV_PROCESS_COUNT: "2", podenv.ENV_PROCESS_INDEX: "2"},
+        {podenv.ENV_PROCESS_COUNT: "0"},
+        {podenv.ENV_PROCESS_COUNT: "two"},
+        {podenv.ENV_PROCESS_INDEX: "-1"},
+    ],
+)
+def test_a_place_outside_the_group_is_refused(environ: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match="no place in a group of worker processes"):
+        podenv.ProcessGroup.from_environ(environ)
+
+
+def test_alone_a_process_is_its_group_and_loads_the_models() -> None:
+    group = podenv.ProcessGroup.from_environ({})
+    assert (group, group.loads_models, group.first_instance(3)) == (podenv.ProcessGroup(0, 1), True, 0)
+    second = podenv.ProcessGroup.from_environ({podenv.ENV_PROCESS_COUNT: "4", podenv.ENV_PROCESS_INDEX: "2"})
+    assert (second.loads_models, second.first_instance(3)) == (False, 6)
+
+
+def test_differences_between_asks_for_the_server_name_the_settings() -> None:
+    first = {"process": 0, "config": {"http_port": 1, "log_verbose": None}, "workspace": None}
+    assert _differences(first, {**first, "process": 3}) == []
+    second = {"process": 1, "config": {"http_port": 2, "log_verbose": 1}, "workspace": "/w"}
+    assert _differences(first, second) == ["config.http_port", "config.log_verbose", "workspace"]
+
+
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive ports that nothing listens on: the pod's and its processes'."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(first, first + count):
+                    stack.enter_context(socket.socket()).bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return first
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+class _Worker:
+    """What the health endpoint reads of a model's worker."""
+
+    def __init__(self, attached: bool) -> None:
+        self.attached = attached
+        self.in_flight = 1
+        self.instances: list = []
+        self.spec = type("Spec", (), {"name": "Echo"})()
+
+
+@pytest.fixture
+def processes() -> Iterator[tuple[int, list[_Worker], ProcessesHealth]]:
+    """Two processes' real probe endpoints on loopback, and the pod's endpoint in front of them."""
+    port = free_port_run(3)
+    workers = [_Worker(attached=True), _Worker(attached=False)]
+    servers = [
+        HealthServer(
+            podenv.process_health_port(port, index),
+            model_ready=lambda name: True,
+            declared_models=["Echo"],
+            workers=lambda worker=worker: {"Echo": worker},
+            draining=lambda: False,
+            address="127.0.0.1",
+        )
+        for index, worker in enumerate(workers)
+    ]
+    pod = ProcessesHealth(port, processes=2, draining=lambda: False, restarts=lambda: [0, 3])
+    for server in [*servers, pod]:
+        server.start()
+    try:
+        yield port, workers, pod
+    finally:
+        for server in [*servers, pod]:
+            server.stop()
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_the_pod_is_ready_when_every_process_is(processes) -> None:
+    port, workers, _ = processes
+    assert _get(port, "/readyz") == (503, "process 1: Echo: proxy instances not attached\n")
+    workers[1].attached = True
+    assert _get(port, "/readyz") == (200, "ok\n")
+
+
+def test_a_process_that_does_not_answer_keeps_the_pod_unready() -> None:
+    port = free_port_run(2)
+    pod = ProcessesHealth(port, processes=1, draining=lambda: False, restarts=lambda: [0])
+    pod.start()
+    try:
+        assert _get(port, "/readyz") == (503, "process 0: not answering\n")
+        assert _get(port, "/livez") == (200, "ok\n")
+    finally:
+        pod.stop()
+
+
+def test_the_pods_metrics_are_each_processs_with_its_index(processes) -> None:
+    port, _, _ = processes
+    status, text = _get(port, "/metrics")
+    assert status == 200
+    lines = text.splitlines()
+    assert 'kubetriton_attached{model="Echo",process="0"} 1.0' in lines
+    assert 'kubetriton_attached{model="Echo",process="1"} 0.0' in lines
+    assert 'kubetriton_process_restarts_total{process="1"} 3.0' in lines
+    assert sum(line.startswith("# TYPE kubetriton_attached ") for line in lines) == 1
+    assert any(line.startswith('process_start_time_seconds{process="1"}') for line in lines)
