@@ -222,6 +222,35 @@ def test_a_given_command_wins_over_the_script_and_without_a_bootstrap_image_the_
     assert containers["bootstrap"]["image"] == "registry.example.com/esm1:1"
 
 
+LAUNCHER = f"{podenv.WORKSPACE_MOUNT}/{podenv.WORKER_RUNTIME_SUBDIR}/{podenv.LAUNCHER}"
+
+
+@pytest.mark.parametrize(
+    ("worker", "command"),
+    [
+        ({"script": {"configMap": "s"}}, ["python3", LAUNCHER, f"{podenv.SCRIPT_MOUNT}/serve.py"]),
+        (
+            {"command": ["python", "/app/serve.py"]},
+            ["python3", LAUNCHER, "--exec", "python", "/app/serve.py"],
+        ),
+    ],
+    ids=["script", "command"],
+)
+def test_several_worker_processes_run_under_the_launchers_supervision(
+    worker: dict[str, Any], command: list[str]
+) -> None:
+    one = _containers(children.build_deployment(model_with(worker={**BASE["spec"]["worker"], **worker})))
+    several = _containers(
+        children.build_deployment(model_with(worker={**BASE["spec"]["worker"], **worker, "processes": 3}))
+    )["worker"]
+    assert several["command"] == command
+    env = {variable["name"]: variable["value"] for variable in several["env"]}
+    assert env[podenv.ENV_PROCESS_COUNT] == "3"
+    assert podenv.ENV_PROCESS_COUNT not in {variable["name"] for variable in one["worker"]["env"]}, (
+        "one process renders the pod as before: upgrading the operator must not roll existing models"
+    )
+
+
 @pytest.mark.parametrize("image", [podenv.TRITON_IMAGE, "nvcr.io/nvidia/tritonserver:25.01-py3"])
 def test_bootstrap_prepares_the_runtime_for_the_sidecar_image(image: str) -> None:
     containers = _containers(_deployment(triton={"image": image}))

@@ -55,6 +55,7 @@ def test_crd_objects_keep_their_fields_and_subresources_are_set() -> None:
         "GPUs": 0,
         "Age": 0,
         "Reason": 1,
+        "Processes": 1,
         "URL": 1,
     }
 

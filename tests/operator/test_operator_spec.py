@@ -11,6 +11,7 @@ from crd_check import admit, load_schema
 from kubetriton import podenv
 from kubetriton.operator import pod, spec
 from kubetriton.operator.spec import PyTritonModel, describe_validation_error
+from kubetriton.supervisor import process_environment
 from pydantic import ValidationError
 
 BASE: dict[str, Any] = {
@@ -167,6 +168,24 @@ RULE_CASES = [
         "spec.worker.volumeMounts",
         spec.MOUNTS_NAME_VOLUMES,
     ),
+    (
+        "processes for a script",
+        _with(spec__worker=_worker(processes=2, script={"configMap": "serve-1"})),
+        None,
+        None,
+    ),
+    (
+        "processes for a command",
+        _with(spec__worker=_worker(processes=2, command=["python3", "s.py"])),
+        None,
+        None,
+    ),
+    (
+        "processes for the image's entrypoint",
+        _with(spec__worker=_worker(processes=2)),
+        "spec.worker.processes",
+        spec.PROCESSES_NEED_A_COMMAND,
+    ),
     ("a label of the user's", _with(spec__podLabels={"team": "ml"}), None, None),
     (
         "a label the operator sets",
@@ -207,12 +226,13 @@ def test_an_env_name_appears_once() -> None:
     assert "spec.worker.env: each name at most once: A repeated" in describe_validation_error(raised.value)
 
 
-def test_reserved_env_names_are_the_ones_the_operator_sets() -> None:
+def test_reserved_env_names_are_the_ones_the_operator_and_the_supervisor_set() -> None:
     model_spec = PyTritonModel.model_validate(
-        _with(spec__worker=_worker(env=[{"name": "A", "value": "1"}]))
+        _with(spec__worker=_worker(env=[{"name": "A", "value": "1"}], processes=2, command=["serve"]))
     ).spec
     names = [variable["name"] for variable in pod.worker_environment(model_spec)]
-    assert names == ["A", *spec.RESERVED_WORKER_ENV]
+    assert names == ["A", *(name for name in spec.RESERVED_WORKER_ENV if name != podenv.ENV_PROCESS_INDEX)]
+    assert podenv.ENV_PROCESS_INDEX in process_environment(1, 2, {}, {})
 
 
 def test_resources_are_amounts_by_name_only() -> None:
@@ -313,3 +333,25 @@ def test_shared_memory_is_derived_unless_set(
         }
     )
     assert model_spec.shared_memory_limit == expected
+
+
+@pytest.mark.parametrize(
+    ("processes", "refusal"),
+    [
+        (0, "0 is less than the minimum of 1"),
+        (65, f"65 is greater than the maximum of {spec.MAX_WORKER_PROCESSES}"),
+    ],
+)
+def test_worker_processes_are_bounded(processes: int, refusal: str) -> None:
+    obj = _with(spec__worker=_worker(processes=processes, command=["serve"]))
+    assert admit(obj)[1] == [refusal]
+    with pytest.raises(ValidationError) as raised:
+        PyTritonModel.model_validate(obj)
+    assert "spec.worker.processes: Input should be" in describe_validation_error(raised.value)
+
+
+def test_shared_memory_holds_an_instance_per_worker_process() -> None:
+    model_spec = spec.PyTritonModelSpec.model_validate(
+        {**BASE["spec"], "worker": _worker(processes=4, command=["serve"]), "gpus": {"count": 2}}
+    )
+    assert model_spec.shared_memory_limit == f"{(2 * 256 * 4) + 64}Mi"

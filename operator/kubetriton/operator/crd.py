@@ -28,6 +28,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
         "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
     },
+    {"name": "Processes", "type": "integer", "priority": 1, "jsonPath": ".spec.worker.processes"},
     {"name": "URL", "type": "string", "priority": 1, "jsonPath": ".status.url"},
 ]
 

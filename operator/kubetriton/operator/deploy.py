@@ -69,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--replicas", type=int, default=None, help="pods (default: 1, or the model's)")
     parser.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="worker processes per pod, each serving its own instances of every model "
+        "(default: 1, or the model's)",
+    )
+    parser.add_argument(
         "--name",
         default=None,
         help="the model's object and Service name (default: from its first model name)",
@@ -172,12 +179,13 @@ def model_document(
     models: list[str],
     gpus: int | None,
     replicas: int | None,
+    processes: int | None = None,
 ) -> dict[str, Any]:
     """The PyTritonModel fields that a deploy sets; the rest keep their defaults or others' values."""
-    spec: dict[str, Any] = {
-        "worker": {"image": image, "script": {"configMap": config_map, "entrypoint": entrypoint}},
-        "models": models,
-    }
+    worker: dict[str, Any] = {"image": image, "script": {"configMap": config_map, "entrypoint": entrypoint}}
+    if processes is not None:
+        worker["processes"] = processes
+    spec: dict[str, Any] = {"worker": worker, "models": models}
     if gpus is not None:
         spec["gpus"] = {"count": gpus}
     if replicas is not None:
@@ -241,6 +249,7 @@ def _documents(
         raise CommandError(f"--image is required{where}")
     gpus = args.gpus if args.gpus is not None else (spec.get("gpus") or {}).get("count")
     replicas = args.replicas if args.replicas is not None else spec.get("replicas")
+    processes = args.processes if args.processes is not None else (spec.get("worker") or {}).get("processes")
     config_map = config_map_document(name, namespace, files)
     model = model_document(
         name,
@@ -251,6 +260,7 @@ def _documents(
         models=models,
         gpus=gpus,
         replicas=replicas,
+        processes=processes,
     )
     validated(model)
     return config_map, model

@@ -171,6 +171,8 @@ def worker_environment(spec: PyTritonModelSpec) -> list[dict[str, str]]:
         podenv.ENV_DRAIN_SECONDS: str(spec.drain_seconds),
         podenv.ENV_HEALTH_PORT: str(podenv.HEALTH_PORT),
     }
+    if spec.worker.processes > 1:
+        contract[podenv.ENV_PROCESS_COUNT] = str(spec.worker.processes)
     return [*spec.worker.env, *({"name": name, "value": value} for name, value in contract.items())]
 
 
@@ -184,10 +186,15 @@ def worker_resources(spec: PyTritonModelSpec) -> dict[str, Any]:
 
 def worker_command(spec: PyTritonModelSpec) -> list[str]:
     """The worker's entrypoint: the user's, or the launcher running the script from its ConfigMap (with
-    whatever `python3` the image has), or none (the image's own)."""
-    if spec.worker.command or spec.worker.script is None:
-        return spec.worker.command
+    whatever `python3` the image has), or none (the image's own). With several worker processes the
+    launcher supervises them (KUBETRITON_PROCESS_COUNT), running the user's command through `--exec`."""
     launcher = f"{podenv.WORKSPACE_MOUNT}/{podenv.WORKER_RUNTIME_SUBDIR}/{podenv.LAUNCHER}"
+    if spec.worker.command:
+        if spec.worker.processes > 1:
+            return ["python3", launcher, podenv.LAUNCHER_EXEC, *spec.worker.command]
+        return spec.worker.command
+    if spec.worker.script is None:
+        return []
     return ["python3", launcher, f"{podenv.SCRIPT_MOUNT}/{spec.worker.script.entrypoint}"]
 
 

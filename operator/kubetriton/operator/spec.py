@@ -54,6 +54,11 @@ MAX_ENV_VARS = 256
 ENV_NAME_MAX_LENGTH = 253
 MAX_VOLUMES = 64
 """The most volumes the pods may get, and the most mounts the worker may have."""
+MAX_COMMAND_PARTS = 256
+COMMAND_PART_MAX_LENGTH = 8192
+"""Bounds on worker.command, which a rule reads."""
+MAX_WORKER_PROCESSES = 64
+"""The most worker processes a pod may run: beyond the cores or GPUs of any node."""
 MAX_PULL_SECRETS = 16
 MAX_POD_METADATA = 64
 """The most labels, and the most annotations, the pods may get."""
@@ -75,9 +80,12 @@ RESERVED_WORKER_ENV = (
     podenv.ENV_MODELS,
     podenv.ENV_DRAIN_SECONDS,
     podenv.ENV_HEALTH_PORT,
+    podenv.ENV_PROCESS_COUNT,
+    podenv.ENV_PROCESS_INDEX,
 )
-"""The worker's variables that the operator sets from the spec (the pod contract): a second entry with one
-of these names would make the container's env list hold a key twice, which server-side apply refuses."""
+"""The worker's variables that the operator (or the supervisor of several worker processes) sets from the
+spec (the pod contract): a second entry with one of these names would make the container's env list hold
+a key twice, which server-side apply refuses."""
 
 ARENAS_PER_INSTANCE = 2
 """A model instance's proxy maps one arena for requests and one for responses."""
@@ -138,6 +146,16 @@ def _gpus_agree(part: str) -> dict[str, str]:
 
 def _one_of(values: tuple[str, ...]) -> str:
     return f"[{', '.join(repr(value) for value in values)}]"
+
+
+PROCESSES_NEED_A_COMMAND = _cel(
+    "!has(self.processes) || self.processes == 1 || has(self.script)"
+    " || (has(self.command) && size(self.command) > 0)",
+    "worker.processes above 1 needs worker.script or worker.command: the worker container runs them under"
+    " a supervisor, which cannot wrap the image's own entrypoint",
+    field_path=".processes",
+    reason="FieldValueInvalid",
+)
 
 
 RESERVED_VOLUME_NAME = _cel(
@@ -291,13 +309,17 @@ class ScriptSpec(_Model):
 class WorkerSpec(_Model):
     """The user's container: it imports pytriton, binds the callables and attaches to the sidecar."""
 
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [PROCESSES_NEED_A_COMMAND]})
+
     image: Annotated[str, Field(min_length=1)]
     """Worker image: any glibc-based image with CPython 3.10 to 3.13 and NumPy (the pod's init step
     provides kubetriton when the image has none), or one built from the kubetriton worker image."""
     script: ScriptSpec | None = None
     """The script to run when `command` is empty, from a ConfigMap, with kubetriton's launcher, which
     checks the image and provides kubetriton when the image lacks it."""
-    command: list[str] = []
+    command: Annotated[
+        list[Annotated[str, Field(max_length=COMMAND_PART_MAX_LENGTH)]], Field(max_length=MAX_COMMAND_PARTS)
+    ] = []
     """The container's entrypoint, e.g. ["python", "/app/serve.py"]; the launcher running `script` when
     that is given, else the image's, when empty. Without `script`, the image must have kubetriton."""
     args: list[str] = []
@@ -321,6 +343,17 @@ class WorkerSpec(_Model):
     """core/v1 EnvFromSource entries: every key of a ConfigMap or Secret as a variable (a hub token, say)."""
     volume_mounts: Annotated[list[VolumeMount], Field(max_length=MAX_VOLUMES)] = []
     """Where spec.volumes appear in the worker container, at most 64."""
+    processes: Annotated[int, Field(ge=1, le=MAX_WORKER_PROCESSES)] = 1
+    """Worker processes that run the script, 1 to 64, each with its own copy of the model and its own
+    instances of every model: more than one lets callables that hold Python's GIL run at once. Each reads
+    its index and the count from KUBETRITON_PROCESS_INDEX and KUBETRITON_PROCESS_COUNT; with as many GPUs
+    as processes, each sees only its own. More than one needs script or command."""
+
+    @model_validator(mode="after")
+    def _processes_need_a_command(self) -> WorkerSpec:
+        if self.processes > 1 and self.script is None and not self.command:
+            raise ValueError(PROCESSES_NEED_A_COMMAND["message"])
+        return self
 
     @field_validator("env")
     @classmethod
@@ -559,11 +592,12 @@ class PyTritonModelSpec(_Model):
         """The /dev/shm size: the explicit one, or enough for every model instance's arenas.
 
         Each model instance maps a request and a response arena of the default arena size; the
-        default assumes one instance of each declared model per GPU (at least one), plus headroom.
+        default assumes one instance of each declared model per GPU or per worker process, whichever are
+        more (at least one), plus headroom.
         """
         if self.shared_memory is not None:
             return self.shared_memory
-        instances = len(self.models) * max(1, self.gpus.count)
+        instances = len(self.models) * max(1, self.gpus.count, self.worker.processes)
         total = ARENAS_PER_INSTANCE * podenv.DEFAULT_ARENA_BYTES * instances + SHM_HEADROOM_BYTES
         return f"{total // (1024 * 1024)}Mi"
 
