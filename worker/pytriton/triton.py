@@ -330,8 +330,8 @@ class TritonSecurityConfig:
         unknown = sorted(set(self.restricted_endpoints) - VALID_TRITON_ENDPOINTS)
         if unknown:
             raise PyTritonValidationError(
-                f"Unknown Triton endpoints {', '.join(unknown)}; "
-                f"the endpoints are {', '.join(sorted(VALID_TRITON_ENDPOINTS))}"
+                f"Invalid endpoint names: {', '.join(unknown)}. "
+                f"Valid endpoints are: {', '.join(sorted(VALID_TRITON_ENDPOINTS))}"
             )
         self._token_generated = self.access_token is None and bool(self.restricted_endpoints)
         if self._token_generated:
