@@ -5,6 +5,7 @@ says so and the test asserts kubetriton's behaviour.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -18,9 +19,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+import pytriton.triton
 import tritonclient.grpc
 import tritonclient.http
-from kubetriton.server import servers_dir
+from kubetriton.server import find_published, servers_dir
 from kubetriton.triton_home import locate
 from pytriton.check.add_sub import add_sub_example, add_sub_example_thread
 from pytriton.check.utils import ScriptThread, find_free_port, search_warning_on_too_verbose_log_level
@@ -179,39 +181,78 @@ def test_remote_triton_binds_to_a_local_triton_of_another_process(protocol: str)
 
 
 def test_the_remote_mode_example_serves_over_http_and_grpc() -> None:
-    """examples/remote-mode: server.py starts Triton, bind_mul.py binds Mul from a second process, and
-    client.py queries both models over both protocols."""
+    """examples/remote-mode as its users run it: server.py (which starts Triton) and bind_mul.py (which
+    binds Mul from a second process) started at the same moment, then client.py queries both models over
+    both protocols."""
     http, grpc, metrics = free_ports(3)
     env = _ports_env(http, grpc, metrics)
-    with _script(REMOTE_MODE / "server.py", env) as server:
+    with (
+        _script(REMOTE_MODE / "server.py", env) as server,
+        _script(REMOTE_MODE / "bind_mul.py", {**env, "TRITON_URL": f"localhost:{http}"}) as mul,
+    ):
         _wait_until_served(server, f"http://127.0.0.1:{http}", "AddSub")
-        with _script(REMOTE_MODE / "bind_mul.py", {**env, "TRITON_URL": f"localhost:{http}"}) as mul:
-            _wait_until_served(mul, f"http://127.0.0.1:{http}", "Mul")
-            answer = subprocess.run(
-                [
-                    sys.executable,
-                    str(REMOTE_MODE / "client.py"),
-                    f"localhost:{http}",
-                    f"grpc://localhost:{grpc}",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=True,
-            ).stdout
+        _wait_until_served(mul, f"http://127.0.0.1:{http}", "Mul")
+        answer = subprocess.run(
+            [
+                sys.executable,
+                str(REMOTE_MODE / "client.py"),
+                f"localhost:{http}",
+                f"grpc://localhost:{grpc}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
     for url in (f"localhost:{http}", f"grpc://localhost:{grpc}"):
         assert f"{url} AddSub: add=[[3.0], [5.0]], sub=[[-1.0], [-1.0]]" in answer, answer
         assert f"{url} Mul: mul=[[2.0], [6.0]]" in answer, answer
 
 
 def test_remote_triton_says_when_no_local_triton_listens_at_its_url(tmp_path: Path, monkeypatch) -> None:
+    """A Triton that answers but that no Triton() of this user published: RemoteTriton waits for a record
+    within its timeout, then says so."""
     monkeypatch.delenv("KUBETRITON_WORKSPACE", raising=False)
+    monkeypatch.setattr(pytriton.triton, "REMOTE_WAIT_S", 2.0)
     with plain_triton(locate(), tmp_path) as unpublished:
         remote = RemoteTriton(url=f"localhost:{unpublished.http_port}")
         with pytest.raises(
             PyTritonRuntimeError, match=r"No Triton\(\) of this user on this machine listens at"
         ):
             remote.connect()
+
+
+def test_remote_triton_waits_for_the_record_of_a_triton_that_answers_already(local, monkeypatch) -> None:
+    """A Triton() and a RemoteTriton started at the same moment: RemoteTriton sees Triton answer before the
+    Triton() has published its record. Here the record is hidden until RemoteTriton has looked once."""
+    monkeypatch.delenv("KUBETRITON_WORKSPACE", raising=False)
+    http, _ = local["ports"]
+    (record,) = [
+        path
+        for path in servers_dir().glob("*.json")
+        if json.loads(path.read_text())["ports"].get("http") == http
+    ]
+    hidden = record.with_suffix(".hidden")
+    record.rename(hidden)
+    looks: list[bool] = []
+
+    def published_after_the_first_look(endpoint):
+        found = find_published(endpoint)
+        looks.append(found is not None)
+        if hidden.exists():
+            hidden.rename(record)
+        return found
+
+    try:
+        monkeypatch.setattr(pytriton.triton, "find_published", published_after_the_first_look)
+        with RemoteTriton(url=f"localhost:{http}") as remote:
+            remote.bind("LatePublished", _double, X, Y, config=ModelConfig(max_batch_size=4))
+            with ModelClient(local["grpc"], "LatePublished", init_timeout_s=30) as client:
+                assert client.infer_sample(np.array([2.5], np.float32))["y"].tolist() == [5.0]
+    finally:
+        if hidden.exists():
+            hidden.rename(record)
+    assert looks[0] is False and looks[-1] is True, looks
 
 
 def test_the_published_servers_are_private_to_the_user(local) -> None:
