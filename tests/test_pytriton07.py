@@ -5,9 +5,11 @@ says so and the test asserts kubetriton's behaviour.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +27,15 @@ import tritonclient.http
 from kubetriton.server import find_published, servers_dir
 from kubetriton.triton_home import locate
 from pytriton.check.add_sub import add_sub_example, add_sub_example_thread
-from pytriton.check.utils import ScriptThread, find_free_port, search_warning_on_too_verbose_log_level
+from pytriton.check.utils import (
+    ProcessMonitoring,
+    ScriptThread,
+    TestMonitoringContext,
+    find_free_port,
+    get_current_container_version,
+    search_warning_on_too_verbose_log_level,
+    verify_docker_image_in_readme_same_as_tested,
+)
 from pytriton.client import DecoupledModelClient, ModelClient, PyTritonClientInferenceServerError
 from pytriton.client.auth import create_auth_headers
 from pytriton.client.exceptions import PyTritonClientInvalidUrlError, PyTritonClientTimeoutError
@@ -368,6 +378,105 @@ def test_the_check_tools_serve_and_query_add_sub(tmp_path: Path, monkeypatch, ca
     with ScriptThread([sys.executable, "-c", "print('hello')"], name="hello") as script:
         pass
     assert script.output == "hello" and script.returncode == 0
+
+
+def test_a_script_thread_gives_the_process_tree_of_the_server_it_runs(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    """PyTriton's test scripts: serve from a ScriptThread, find tritonserver among the script's children,
+    dump the state of the whole tree, stop the script, and see its children gone."""
+    http, grpc, metrics = free_ports(3)
+    for name, value in _ports_env(http, grpc, metrics).items():
+        monkeypatch.setenv(name, value)
+    command = [sys.executable, "-m", "pytriton.check.add_sub", "--workspace", str(tmp_path / "workspace")]
+    caplog.set_level(logging.INFO)
+    with ScriptThread(command, name="server") as server:
+        try:
+            with ModelClient(f"http://127.0.0.1:{http}", "AddSub", init_timeout_s=120) as client:
+                ones = np.ones((1, 1), np.float32)
+                assert client.infer_batch(ones, ones)["add"].tolist() == [[2.0]]
+            (triton,) = [
+                child for child in server.process.children(recursive=True) if child.name() == "tritonserver"
+            ]
+            assert triton.parent().pid == server.process.pid
+            monitoring = ProcessMonitoring(server.process.pid, logging.getLogger("monitoring"))
+            seen: list[int] = []
+            monitoring.register_custom_monitor(seen.append)
+            monitoring.dump_state()
+            assert server.process.pid in seen and triton.pid in seen
+            assert f"pid={triton.pid}, name='tritonserver'" in caplog.text
+            if shutil.which("py-spy") is None:
+                assert "py-spy is not installed (pip install py-spy)" in caplog.text
+            else:
+                assert f"Process {server.process.pid}: " in caplog.text
+        finally:
+            server.process.send_signal(signal.SIGINT)
+    assert server.returncode in (0, -signal.SIGINT), server.output
+    assert server.process is None
+    caplog.clear()
+    monitoring.dump_state()
+    assert f"pid={triton.pid}" in caplog.text and "is missing in process table" in caplog.text
+
+
+def test_the_test_monitoring_context_logs_the_state_of_this_process(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    parser = argparse.ArgumentParser()
+    TestMonitoringContext.extend_args(parser)
+    log_path = tmp_path / "test.log"
+    args = parser.parse_args(
+        ["--log-path", str(log_path), "--process-monitoring-interval", "60", "--verbose"]
+    )
+    caplog.set_level(logging.DEBUG)
+    with TestMonitoringContext(args):
+        logging.getLogger("a-test").info("the test runs")
+    logged = log_path.read_text()
+    assert "a-test: the test runs" in logged
+    assert f"MONITOR RAM USAGE ({os.getpid()}): " in logged and f"MONITOR THREADS ({os.getpid()}): " in logged
+    assert "==== Dump process info (with its children)" in logged
+    logging.getLogger("a-test").info("after the test")
+    assert "after the test" not in log_path.read_text(), "leaving removes the log file's handler"
+
+    for variable, value, version in (
+        ("NVIDIA_PYTORCH_VERSION", "24.10", "24.10"),
+        ("NVIDIA_TENSORFLOW_VERSION", "24.09-tf2.16.1", "24.09"),
+    ):
+        with monkeypatch.context() as patched:
+            patched.delenv("NVIDIA_PYTORCH_VERSION", raising=False)
+            patched.setenv(variable, value)
+            assert get_current_container_version() == version
+    monkeypatch.delenv("NVIDIA_PYTORCH_VERSION", raising=False)
+    monkeypatch.delenv("NVIDIA_TENSORFLOW_VERSION", raising=False)
+    assert get_current_container_version() is None
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "FROM nvcr.io/nvidia/pytorch:24.10-py3\n\n`docker run nvcr.io/nvidia/pytorch:24.10-py3`\n"
+    )
+    verify_docker_image_in_readme_same_as_tested(readme, "nvcr.io/nvidia/pytorch:24.10-py3")
+    with pytest.raises(
+        AssertionError, match=r"nvcr.io/nvidia/pytorch:24.10-py3 != nvcr.io/nvidia/pytorch:24.11-py3"
+    ):
+        verify_docker_image_in_readme_same_as_tested(readme, "nvcr.io/nvidia/pytorch:24.11-py3")
+
+
+def test_only_the_helpers_that_need_psutil_import_it(monkeypatch) -> None:
+    imported = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pytriton.triton, pytriton.client, pytriton.check.utils\n"
+            "print('psutil' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert imported.strip() == "False"
+    monkeypatch.setitem(sys.modules, "psutil", None)
+    with pytest.raises(ModuleNotFoundError, match=r"needs psutil .*: pip install psutil"):
+        ScriptThread([sys.executable, "-c", "pass"]).start()
+    with pytest.raises(ModuleNotFoundError, match="pip install psutil"):
+        ProcessMonitoring(os.getpid())
 
 
 def _ports_env(http: int, grpc: int, metrics: int) -> dict[str, str]:
