@@ -36,7 +36,12 @@ from pytriton.check.utils import (
     search_warning_on_too_verbose_log_level,
     verify_docker_image_in_readme_same_as_tested,
 )
-from pytriton.client import DecoupledModelClient, ModelClient, PyTritonClientInferenceServerError
+from pytriton.client import (
+    DecoupledModelClient,
+    FuturesModelClient,
+    ModelClient,
+    PyTritonClientInferenceServerError,
+)
 from pytriton.client.auth import create_auth_headers
 from pytriton.client.exceptions import PyTritonClientInvalidUrlError, PyTritonClientTimeoutError
 from pytriton.client.utils import (
@@ -57,9 +62,11 @@ from pytriton.model_config.triton_model_config import TensorSpec, TritonModelCon
 from pytriton.triton import RemoteTriton, Triton, TritonConfig
 
 from tests.conftest import free_ports, plain_triton
+from tests.test_seeds import python_with_torch
 
 ROOT = Path(__file__).resolve().parent.parent
-REMOTE_MODE = ROOT / "examples" / "remote-mode"
+EXAMPLES = ROOT / "examples"
+REMOTE_MODE = EXAMPLES / "remote-mode"
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +224,53 @@ def test_the_remote_mode_example_serves_over_http_and_grpc() -> None:
     for url in (f"localhost:{http}", f"grpc://localhost:{grpc}"):
         assert f"{url} AddSub: add=[[3.0], [5.0]], sub=[[-1.0], [-1.0]]" in answer, answer
         assert f"{url} Mul: mul=[[2.0], [6.0]]" in answer, answer
+
+
+def test_the_identity_example_serves_as_its_users_run_it() -> None:
+    """examples/identity: `python serve.py`, queried over HTTP and gRPC with PyTriton's client."""
+    http, grpc, metrics = free_ports(3)
+    with _script(EXAMPLES / "identity" / "serve.py", _ports_env(http, grpc, metrics)) as server:
+        _wait_until_served(server, f"http://127.0.0.1:{http}", "Identity")
+        for url in (f"http://127.0.0.1:{http}", f"grpc://127.0.0.1:{grpc}"):
+            with ModelClient(url, "Identity", init_timeout_s=30) as client:
+                assert client.infer_batch(np.array([[1.5, -2.0]], np.float32))["OUTPUT_1"].tolist() == [
+                    [1.5, -2.0]
+                ]
+
+
+def test_the_multi_instance_example_serves_from_two_instances_on_cpu() -> None:
+    """examples/multi-instance: `python serve.py --instances 2` with the CPU build of torch (no GPU here: both
+    instances fall back to the CPU); each instance answers as the layer it copies."""
+    python = python_with_torch()
+    if python is None:
+        pytest.skip(
+            "needs python3.11 and /opt/wheels/torch-*+cpu-cp311 (the CPU build of torch on this machine)"
+        )
+    expected = json.loads(
+        subprocess.run(
+            [
+                python,
+                "-c",
+                "import json, torch; torch.manual_seed(0); layer = torch.nn.Linear(16, 4); "
+                "print(json.dumps(layer(torch.arange(16.0).reshape(1, 16) / 16).tolist()))",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    http, grpc, metrics = free_ports(3)
+    env = _ports_env(http, grpc, metrics)
+    with _script(EXAMPLES / "multi-instance" / "serve.py", env, "--instances", "2", python=python) as server:
+        _wait_until_served(server, f"http://127.0.0.1:{http}", "Linear")
+        probe = tritonclient.http.InferenceServerClient(f"127.0.0.1:{http}")
+        assert probe.get_model_config("Linear")["instance_group"][0]["count"] == 2
+        probe.close()
+        x = (np.arange(16, dtype=np.float32) / 16).reshape(1, 16)
+        with FuturesModelClient(f"grpc://127.0.0.1:{grpc}", "Linear", max_workers=4) as client:
+            results = [future.result() for future in [client.infer_batch(x) for _ in range(8)]]
+    for result in results:
+        np.testing.assert_allclose(result["y"], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_remote_triton_says_when_no_local_triton_listens_at_its_url(tmp_path: Path, monkeypatch) -> None:
@@ -490,13 +544,15 @@ def _ports_env(http: int, grpc: int, metrics: int) -> dict[str, str]:
 class _script:
     """A Python script run in its own process, stopped with SIGINT (as a user stops it) on leaving."""
 
-    def __init__(self, path: Path, env: dict[str, str]) -> None:
-        self.path = path
+    def __init__(
+        self, path: Path, env: dict[str, str], *arguments: str, python: str = sys.executable
+    ) -> None:
+        self.command = [python, str(path), *arguments]
         self.env = {**os.environ, **env}
 
     def __enter__(self) -> subprocess.Popen[str]:
         self.process = subprocess.Popen(
-            [sys.executable, str(self.path)],
+            self.command,
             env=self.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
