@@ -639,11 +639,11 @@ class InstanceServer(threading.Thread):
         try:
             requests = self._decode_requests(peer, message, data, requests_arena)
             result = self._call(requests)
-            return self._encode_responses(
-                self._checked(result, self._batch_sizes(message), requests), responses_arena
-            )
-        except SomeRequestsFailed as failed:
-            return self._partial_reply(failed, self._encode_responses(failed.outputs, responses_arena))
+            try:
+                responses = self._checked(result, self._batch_sizes(message), requests)
+            except SomeRequestsFailed as failed:
+                return self._partial_reply(failed, self._encode_responses(failed.outputs, responses_arena))
+            return self._encode_responses(responses, responses_arena)
         except Exception as error:
             return self._error_reply(error)
 
