@@ -6,6 +6,7 @@ Queries go through plain `tritonclient` over HTTP and gRPC, so these tests hold 
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -20,8 +21,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from kubetriton.server import claim, remove_abandoned
 from kubetriton.transport import HOP_DATAGRAM_BYTES, INLINE_LIMIT
+from pytriton.client import DecoupledModelClient, ModelClient
 from pytriton.exceptions import PyTritonRuntimeError
-from pytriton.model_config import ModelConfig, Tensor
+from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
@@ -29,6 +31,7 @@ from tests.conftest import free_ports, shm_entries
 
 ARENA_BYTES = 8 * 1024 * 1024
 RETAINED: list[np.ndarray] = []
+ANSWERED_BATCHES: list[int] = []
 
 
 def double(requests):
@@ -50,8 +53,17 @@ def fails(requests):
     raise ValueError("the model cannot do that")
 
 
-def forgets_an_output(requests):
-    return [{"first": request["x"]} for request in requests]
+def answers_what_it_has(requests):
+    """PyTriton's optional-input pattern: `b_out` for the requests that brought `b`, and only for those."""
+    ANSWERED_BATCHES.append(len(requests))
+    return [
+        {"a_out": request["a"] * 2, **({"b_out": request["b"] * 3} if "b" in request else {})}
+        for request in requests
+    ]
+
+
+def streams_what_it_has(requests):
+    yield answers_what_it_has(requests)
 
 
 def negate_three(requests):
@@ -82,6 +94,14 @@ def names_requested_outputs(requests):
 
 FLOAT_IN = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
 FLOAT_OUT = [Tensor(name="y", shape=(-1,), dtype=np.float32)]
+OPTIONAL_B_IN = [
+    Tensor(name="a", shape=(-1,), dtype=np.float32),
+    Tensor(name="b", shape=(-1,), dtype=np.float32, optional=True),
+]
+OPTIONAL_B_OUT = [
+    Tensor(name="a_out", shape=(-1,), dtype=np.float32),
+    Tensor(name="b_out", shape=(-1,), dtype=np.float32),
+]
 
 
 @pytest.fixture(scope="module")
@@ -110,16 +130,21 @@ def server() -> Iterator[dict[str, str]]:
                 config=batching,
             )
             triton.bind("fails", fails, FLOAT_IN, FLOAT_OUT, config=batching)
-            triton.bind(
-                "forgets_an_output",
-                forgets_an_output,
-                FLOAT_IN,
-                [
-                    Tensor(name="first", shape=(-1,), dtype=np.float32),
-                    Tensor(name="second", shape=(-1,), dtype=np.float32),
-                ],
-                config=batching,
-            )
+            for name, infer_func, config in (
+                ("answers_what_it_has", answers_what_it_has, batching),
+                (
+                    "answers_pairs_of_requests",
+                    answers_what_it_has,
+                    ModelConfig(
+                        max_batch_size=8,
+                        batcher=DynamicBatcher(
+                            max_queue_delay_microseconds=60_000_000, preferred_batch_size=[2]
+                        ),
+                    ),
+                ),
+                ("streams_what_it_has", streams_what_it_has, ModelConfig(max_batch_size=8, decoupled=True)),
+            ):
+                triton.bind(name, infer_func, OPTIONAL_B_IN, OPTIONAL_B_OUT, config=config)
             triton.bind(
                 "negate_three",
                 negate_three,
@@ -155,20 +180,8 @@ def server() -> Iterator[dict[str, str]]:
 
 def infer(server, protocol: str, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One request through tritonclient over `protocol`, outputs as numpy arrays."""
-    module = httpclient if protocol == "http" else grpcclient
-    client = module.InferenceServerClient(server[protocol])
-    try:
-        tensors = []
-        for name, array in inputs.items():
-            tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
-            tensors.append(tensor)
-        result = client.infer(model, tensors)
-        response = result.get_response()
-        outputs = response["outputs"] if protocol == "http" else [{"name": o.name} for o in response.outputs]
-        return {output["name"]: result.as_numpy(output["name"]) for output in outputs}
-    finally:
-        client.close()
+    result = _infer_asking(server, protocol, model, inputs, [])
+    return {name: result.as_numpy(name) for name in _output_names(result)}
 
 
 PROTOCOLS = ["http", "grpc"]
@@ -225,15 +238,9 @@ def test_identity_lambda_returns_its_requests(server, protocol):
     ids=["both", "one", "none"],
 )
 def test_requested_outputs_reach_the_callable(server, protocol, requested, seen):
-    module = httpclient if protocol == "http" else grpcclient
-    client = module.InferenceServerClient(server[protocol])
-    try:
-        x = module.InferInput("x", [1, 2], "FP32")
-        x.set_data_from_numpy(np.ones((1, 2), np.float32))
-        outputs = [module.InferRequestedOutput(name) for name in requested] or None
-        result = client.infer("names_requested_outputs", [x], outputs=outputs)
-    finally:
-        client.close()
+    result = _infer_asking(
+        server, protocol, "names_requested_outputs", {"x": np.ones((1, 2), np.float32)}, requested
+    )
     assert result.as_numpy("asked").tolist() == [[seen.encode()]]
 
 
@@ -249,9 +256,109 @@ def test_callable_exception_reaches_client_without_traceback(server, protocol):
     )
 
 
-def test_missing_declared_output_is_an_error(server):
-    with pytest.raises(InferenceServerException, match=r"did not return declared outputs \['second'\]"):
-        infer(server, "http", "forgets_an_output", {"x": np.ones((1, 2), np.float32)})
+def _infer_asking(server, protocol: str, model: str, inputs: dict[str, np.ndarray], asked: list[str]):
+    """One request through tritonclient that names the outputs `asked` (all when empty)."""
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(server[protocol])
+    try:
+        return client.infer(model, _inputs(module, inputs), outputs=_asked(module, asked))
+    finally:
+        client.close()
+
+
+def _inputs(module, inputs: dict[str, np.ndarray]) -> list:
+    tensors = []
+    for name, array in inputs.items():
+        tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    return tensors
+
+
+def _asked(module, asked: list[str]) -> list | None:
+    return [module.InferRequestedOutput(name) for name in asked] or None
+
+
+def _output_names(result) -> list[str]:
+    response = result.get_response()
+    if isinstance(response, dict):
+        return [output["name"] for output in response["outputs"]]
+    return [output.name for output in response.outputs]
+
+
+A = np.array([[1.0, 2.0]], np.float32)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(
+    "asked", [[], ["a_out"], ["a_out", "b_out"]], ids=["none-named", "a_out", "every-one"]
+)
+def test_outputs_the_callable_does_not_return_are_absent(server, protocol, asked):
+    result = _infer_asking(server, protocol, "answers_what_it_has", {"a": A}, asked)
+    assert _output_names(result) == ["a_out"]
+    assert result.as_numpy("a_out").tolist() == [[2.0, 4.0]]
+    both = _infer_asking(server, protocol, "answers_what_it_has", {"a": A, "b": A}, asked)
+    assert sorted(_output_names(both)) == sorted(asked or ["a_out", "b_out"])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_output_the_client_named_and_did_not_get_is_an_error(server, protocol):
+    with pytest.raises(
+        InferenceServerException, match=r"did not return \['b_out'\], which the request asked for"
+    ):
+        _infer_asking(server, protocol, "answers_what_it_has", {"a": A}, ["b_out"])
+    assert _output_names(_infer_asking(server, protocol, "answers_what_it_has", {"a": A}, [])) == ["a_out"]
+
+
+def test_the_pytriton_client_gets_the_outputs_returned(server):
+    with ModelClient(f"http://{server['http']}", "answers_what_it_has", init_timeout_s=30) as client:
+        result = client.infer_sample(a=np.array([1.5], np.float32))
+    assert list(result) == ["a_out"] and result["a_out"].tolist() == [3.0]
+    with DecoupledModelClient(f"grpc://{server['grpc']}", "streams_what_it_has", init_timeout_s=30) as client:
+        (streamed,) = client.infer_sample(a=np.array([1.5], np.float32))
+    assert list(streamed) == ["a_out"] and streamed["a_out"].tolist() == [3.0]
+
+
+def test_only_the_request_that_named_a_missing_output_fails_in_its_batch(server):
+    """Two requests without `b` batched together: the one that named `b_out` fails, the one that named no
+    output gets `a_out`."""
+    ANSWERED_BATCHES.clear()
+    client = httpclient.InferenceServerClient(server["http"], concurrency=2)
+    try:
+        failing = client.async_infer(
+            "answers_pairs_of_requests", _inputs(httpclient, {"a": A}), outputs=_asked(httpclient, ["b_out"])
+        )
+        served = client.async_infer("answers_pairs_of_requests", _inputs(httpclient, {"a": A}))
+        result = served.get_result()
+        with pytest.raises(InferenceServerException, match=r"did not return \['b_out'\]"):
+            failing.get_result()
+    finally:
+        client.close()
+    assert ANSWERED_BATCHES == [2], "the two requests reached the callable as one batch"
+    assert _output_names(result) == ["a_out"] and result.as_numpy("a_out").tolist() == [[2.0, 4.0]]
+
+
+def test_a_stream_fails_for_the_request_that_named_a_missing_output(server):
+    """gRPC streaming: the request that named `b_out` gets an error, the one that did not its outputs."""
+    received: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server["grpc"])
+    try:
+        client.start_stream(callback=lambda result, error: received.put((result, error)))
+        for request_id, asked in (("named", ["b_out"]), ("unnamed", [])):
+            client.async_stream_infer(
+                "streams_what_it_has",
+                _inputs(grpcclient, {"a": A}),
+                outputs=_asked(grpcclient, asked),
+                request_id=request_id,
+            )
+        answers = [received.get(timeout=60) for _ in range(2)]
+    finally:
+        client.stop_stream()
+        client.close()
+    errors = [error for _, error in answers if error is not None]
+    results = [result for result, error in answers if error is None]
+    assert len(errors) == 1 and "did not return ['b_out'], which the request asked for" in str(errors[0])
+    assert len(results) == 1 and _output_names(results[0]) == ["a_out"]
 
 
 def test_inputs_are_read_only(server):

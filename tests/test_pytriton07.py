@@ -5,8 +5,11 @@ says so and the test asserts kubetriton's behaviour.
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,13 +21,27 @@ from typing import Any
 
 import numpy as np
 import pytest
+import pytriton.triton
 import tritonclient.grpc
 import tritonclient.http
-from kubetriton.server import servers_dir
+from kubetriton.server import find_published, servers_dir
 from kubetriton.triton_home import locate
 from pytriton.check.add_sub import add_sub_example, add_sub_example_thread
-from pytriton.check.utils import ScriptThread, find_free_port, search_warning_on_too_verbose_log_level
-from pytriton.client import DecoupledModelClient, ModelClient, PyTritonClientInferenceServerError
+from pytriton.check.utils import (
+    ProcessMonitoring,
+    ScriptThread,
+    TestMonitoringContext,
+    find_free_port,
+    get_current_container_version,
+    search_warning_on_too_verbose_log_level,
+    verify_docker_image_in_readme_same_as_tested,
+)
+from pytriton.client import (
+    DecoupledModelClient,
+    FuturesModelClient,
+    ModelClient,
+    PyTritonClientInferenceServerError,
+)
 from pytriton.client.auth import create_auth_headers
 from pytriton.client.exceptions import PyTritonClientInvalidUrlError, PyTritonClientTimeoutError
 from pytriton.client.utils import (
@@ -45,9 +62,11 @@ from pytriton.model_config.triton_model_config import TensorSpec, TritonModelCon
 from pytriton.triton import RemoteTriton, Triton, TritonConfig
 
 from tests.conftest import free_ports, plain_triton
+from tests.test_seeds import python_with_torch
 
 ROOT = Path(__file__).resolve().parent.parent
-REMOTE_MODE = ROOT / "examples" / "remote-mode"
+EXAMPLES = ROOT / "examples"
+REMOTE_MODE = EXAMPLES / "remote-mode"
 
 
 @pytest.fixture(scope="module")
@@ -179,39 +198,125 @@ def test_remote_triton_binds_to_a_local_triton_of_another_process(protocol: str)
 
 
 def test_the_remote_mode_example_serves_over_http_and_grpc() -> None:
-    """examples/remote-mode: server.py starts Triton, bind_mul.py binds Mul from a second process, and
-    client.py queries both models over both protocols."""
+    """examples/remote-mode as its users run it: server.py (which starts Triton) and bind_mul.py (which
+    binds Mul from a second process) started at the same moment, then client.py queries both models over
+    both protocols."""
     http, grpc, metrics = free_ports(3)
     env = _ports_env(http, grpc, metrics)
-    with _script(REMOTE_MODE / "server.py", env) as server:
+    with (
+        _script(REMOTE_MODE / "server.py", env) as server,
+        _script(REMOTE_MODE / "bind_mul.py", {**env, "TRITON_URL": f"localhost:{http}"}) as mul,
+    ):
         _wait_until_served(server, f"http://127.0.0.1:{http}", "AddSub")
-        with _script(REMOTE_MODE / "bind_mul.py", {**env, "TRITON_URL": f"localhost:{http}"}) as mul:
-            _wait_until_served(mul, f"http://127.0.0.1:{http}", "Mul")
-            answer = subprocess.run(
-                [
-                    sys.executable,
-                    str(REMOTE_MODE / "client.py"),
-                    f"localhost:{http}",
-                    f"grpc://localhost:{grpc}",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=True,
-            ).stdout
+        _wait_until_served(mul, f"http://127.0.0.1:{http}", "Mul")
+        answer = subprocess.run(
+            [
+                sys.executable,
+                str(REMOTE_MODE / "client.py"),
+                f"localhost:{http}",
+                f"grpc://localhost:{grpc}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
     for url in (f"localhost:{http}", f"grpc://localhost:{grpc}"):
         assert f"{url} AddSub: add=[[3.0], [5.0]], sub=[[-1.0], [-1.0]]" in answer, answer
         assert f"{url} Mul: mul=[[2.0], [6.0]]" in answer, answer
 
 
+def test_the_identity_example_serves_as_its_users_run_it() -> None:
+    """examples/identity: `python serve.py`, queried over HTTP and gRPC with PyTriton's client."""
+    http, grpc, metrics = free_ports(3)
+    with _script(EXAMPLES / "identity" / "serve.py", _ports_env(http, grpc, metrics)) as server:
+        _wait_until_served(server, f"http://127.0.0.1:{http}", "Identity")
+        for url in (f"http://127.0.0.1:{http}", f"grpc://127.0.0.1:{grpc}"):
+            with ModelClient(url, "Identity", init_timeout_s=30) as client:
+                assert client.infer_batch(np.array([[1.5, -2.0]], np.float32))["OUTPUT_1"].tolist() == [
+                    [1.5, -2.0]
+                ]
+
+
+def test_the_multi_instance_example_serves_from_two_instances_on_cpu() -> None:
+    """examples/multi-instance: `python serve.py --instances 2` with the CPU build of torch (no GPU here: both
+    instances fall back to the CPU); each instance answers as the layer it copies."""
+    python = python_with_torch()
+    if python is None:
+        pytest.skip(
+            "needs python3.11 and /opt/wheels/torch-*+cpu-cp311 (the CPU build of torch on this machine)"
+        )
+    expected = json.loads(
+        subprocess.run(
+            [
+                python,
+                "-c",
+                "import json, torch; torch.manual_seed(0); layer = torch.nn.Linear(16, 4); "
+                "print(json.dumps(layer(torch.arange(16.0).reshape(1, 16) / 16).tolist()))",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    http, grpc, metrics = free_ports(3)
+    env = _ports_env(http, grpc, metrics)
+    with _script(EXAMPLES / "multi-instance" / "serve.py", env, "--instances", "2", python=python) as server:
+        _wait_until_served(server, f"http://127.0.0.1:{http}", "Linear")
+        probe = tritonclient.http.InferenceServerClient(f"127.0.0.1:{http}")
+        assert probe.get_model_config("Linear")["instance_group"][0]["count"] == 2
+        probe.close()
+        x = (np.arange(16, dtype=np.float32) / 16).reshape(1, 16)
+        with FuturesModelClient(f"grpc://127.0.0.1:{grpc}", "Linear", max_workers=4) as client:
+            results = [future.result() for future in [client.infer_batch(x) for _ in range(8)]]
+    for result in results:
+        np.testing.assert_allclose(result["y"], expected, rtol=1e-5, atol=1e-6)
+
+
 def test_remote_triton_says_when_no_local_triton_listens_at_its_url(tmp_path: Path, monkeypatch) -> None:
+    """A Triton that answers but that no Triton() of this user published: RemoteTriton waits for a record
+    within its timeout, then says so."""
     monkeypatch.delenv("KUBETRITON_WORKSPACE", raising=False)
+    monkeypatch.setattr(pytriton.triton, "REMOTE_WAIT_S", 2.0)
     with plain_triton(locate(), tmp_path) as unpublished:
         remote = RemoteTriton(url=f"localhost:{unpublished.http_port}")
         with pytest.raises(
             PyTritonRuntimeError, match=r"No Triton\(\) of this user on this machine listens at"
         ):
             remote.connect()
+
+
+def test_remote_triton_waits_for_the_record_of_a_triton_that_answers_already(local, monkeypatch) -> None:
+    """A Triton() and a RemoteTriton started at the same moment: RemoteTriton sees Triton answer before the
+    Triton() has published its record. Here the record is hidden until RemoteTriton has looked once."""
+    monkeypatch.delenv("KUBETRITON_WORKSPACE", raising=False)
+    http, _ = local["ports"]
+    (record,) = [
+        path
+        for path in servers_dir().glob("*.json")
+        if json.loads(path.read_text())["ports"].get("http") == http
+    ]
+    hidden = record.with_suffix(".hidden")
+    record.rename(hidden)
+    looks: list[bool] = []
+
+    def published_after_the_first_look(endpoint):
+        found = find_published(endpoint)
+        looks.append(found is not None)
+        if hidden.exists():
+            hidden.rename(record)
+        return found
+
+    try:
+        monkeypatch.setattr(pytriton.triton, "find_published", published_after_the_first_look)
+        with RemoteTriton(url=f"localhost:{http}") as remote:
+            remote.bind("LatePublished", _double, X, Y, config=ModelConfig(max_batch_size=4))
+            with ModelClient(local["grpc"], "LatePublished", init_timeout_s=30) as client:
+                assert client.infer_sample(np.array([2.5], np.float32))["y"].tolist() == [5.0]
+    finally:
+        if hidden.exists():
+            hidden.rename(record)
+    assert looks[0] is False and looks[-1] is True, looks
 
 
 def test_the_published_servers_are_private_to_the_user(local) -> None:
@@ -329,6 +434,105 @@ def test_the_check_tools_serve_and_query_add_sub(tmp_path: Path, monkeypatch, ca
     assert script.output == "hello" and script.returncode == 0
 
 
+def test_a_script_thread_gives_the_process_tree_of_the_server_it_runs(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    """PyTriton's test scripts: serve from a ScriptThread, find tritonserver among the script's children,
+    dump the state of the whole tree, stop the script, and see its children gone."""
+    http, grpc, metrics = free_ports(3)
+    for name, value in _ports_env(http, grpc, metrics).items():
+        monkeypatch.setenv(name, value)
+    command = [sys.executable, "-m", "pytriton.check.add_sub", "--workspace", str(tmp_path / "workspace")]
+    caplog.set_level(logging.INFO)
+    with ScriptThread(command, name="server") as server:
+        try:
+            with ModelClient(f"http://127.0.0.1:{http}", "AddSub", init_timeout_s=120) as client:
+                ones = np.ones((1, 1), np.float32)
+                assert client.infer_batch(ones, ones)["add"].tolist() == [[2.0]]
+            (triton,) = [
+                child for child in server.process.children(recursive=True) if child.name() == "tritonserver"
+            ]
+            assert triton.parent().pid == server.process.pid
+            monitoring = ProcessMonitoring(server.process.pid, logging.getLogger("monitoring"))
+            seen: list[int] = []
+            monitoring.register_custom_monitor(seen.append)
+            monitoring.dump_state()
+            assert server.process.pid in seen and triton.pid in seen
+            assert f"pid={triton.pid}, name='tritonserver'" in caplog.text
+            if shutil.which("py-spy") is None:
+                assert "py-spy is not installed (pip install py-spy)" in caplog.text
+            else:
+                assert f"Process {server.process.pid}: " in caplog.text
+        finally:
+            server.process.send_signal(signal.SIGINT)
+    assert server.returncode in (0, -signal.SIGINT), server.output
+    assert server.process is None
+    caplog.clear()
+    monitoring.dump_state()
+    assert f"pid={triton.pid}" in caplog.text and "is missing in process table" in caplog.text
+
+
+def test_the_test_monitoring_context_logs_the_state_of_this_process(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    parser = argparse.ArgumentParser()
+    TestMonitoringContext.extend_args(parser)
+    log_path = tmp_path / "test.log"
+    args = parser.parse_args(
+        ["--log-path", str(log_path), "--process-monitoring-interval", "60", "--verbose"]
+    )
+    caplog.set_level(logging.DEBUG)
+    with TestMonitoringContext(args):
+        logging.getLogger("a-test").info("the test runs")
+    logged = log_path.read_text()
+    assert "a-test: the test runs" in logged
+    assert f"MONITOR RAM USAGE ({os.getpid()}): " in logged and f"MONITOR THREADS ({os.getpid()}): " in logged
+    assert "==== Dump process info (with its children)" in logged
+    logging.getLogger("a-test").info("after the test")
+    assert "after the test" not in log_path.read_text(), "leaving removes the log file's handler"
+
+    for variable, value, version in (
+        ("NVIDIA_PYTORCH_VERSION", "24.10", "24.10"),
+        ("NVIDIA_TENSORFLOW_VERSION", "24.09-tf2.16.1", "24.09"),
+    ):
+        with monkeypatch.context() as patched:
+            patched.delenv("NVIDIA_PYTORCH_VERSION", raising=False)
+            patched.setenv(variable, value)
+            assert get_current_container_version() == version
+    monkeypatch.delenv("NVIDIA_PYTORCH_VERSION", raising=False)
+    monkeypatch.delenv("NVIDIA_TENSORFLOW_VERSION", raising=False)
+    assert get_current_container_version() is None
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "FROM nvcr.io/nvidia/pytorch:24.10-py3\n\n`docker run nvcr.io/nvidia/pytorch:24.10-py3`\n"
+    )
+    verify_docker_image_in_readme_same_as_tested(readme, "nvcr.io/nvidia/pytorch:24.10-py3")
+    with pytest.raises(
+        AssertionError, match=r"nvcr.io/nvidia/pytorch:24.10-py3 != nvcr.io/nvidia/pytorch:24.11-py3"
+    ):
+        verify_docker_image_in_readme_same_as_tested(readme, "nvcr.io/nvidia/pytorch:24.11-py3")
+
+
+def test_only_the_helpers_that_need_psutil_import_it(monkeypatch) -> None:
+    imported = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pytriton.triton, pytriton.client, pytriton.check.utils\n"
+            "print('psutil' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert imported.strip() == "False"
+    monkeypatch.setitem(sys.modules, "psutil", None)
+    with pytest.raises(ModuleNotFoundError, match=r"needs psutil .*: pip install psutil"):
+        ScriptThread([sys.executable, "-c", "pass"]).start()
+    with pytest.raises(ModuleNotFoundError, match="pip install psutil"):
+        ProcessMonitoring(os.getpid())
+
+
 def _ports_env(http: int, grpc: int, metrics: int) -> dict[str, str]:
     return {
         "PYTRITON_TRITON_CONFIG_HTTP_PORT": str(http),
@@ -340,13 +544,15 @@ def _ports_env(http: int, grpc: int, metrics: int) -> dict[str, str]:
 class _script:
     """A Python script run in its own process, stopped with SIGINT (as a user stops it) on leaving."""
 
-    def __init__(self, path: Path, env: dict[str, str]) -> None:
-        self.path = path
+    def __init__(
+        self, path: Path, env: dict[str, str], *arguments: str, python: str = sys.executable
+    ) -> None:
+        self.command = [python, str(path), *arguments]
         self.env = {**os.environ, **env}
 
     def __enter__(self) -> subprocess.Popen[str]:
         self.process = subprocess.Popen(
-            [sys.executable, str(self.path)],
+            self.command,
             env=self.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import socket
 import time
 import urllib.error
@@ -25,6 +26,7 @@ from pytriton.exceptions import PyTritonModelConfigError, PyTritonValidationErro
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import (
     DEFAULT_PROTECTED_ENDPOINTS,
+    VALID_TRITON_ENDPOINTS,
     Triton,
     TritonConfig,
     TritonLifecyclePolicy,
@@ -420,7 +422,7 @@ def test_no_restricted_endpoints_means_no_token():
 
 
 def test_restrictions_are_checked_before_launching():
-    with pytest.raises(PyTritonValidationError, match="Unknown Triton endpoints stats"):
+    with pytest.raises(PyTritonValidationError, match="Invalid endpoint names: stats"):
         TritonSecurityConfig(restricted_endpoints=["stats"])
     assert DEFAULT_PROTECTED_ENDPOINTS == [
         "shared-memory",
@@ -437,6 +439,37 @@ def test_restrictions_are_checked_before_launching():
                 config=TritonConfig(**{field: "model-repository:k=v"}),
                 security_config=TritonSecurityConfig(restricted_endpoints=[]),
             )
+
+
+def test_unknown_endpoints_are_named_as_pytriton_names_them_and_triton_takes_the_valid_ones():
+    """Scripts match PyTriton 0.7's message: the unknown names, sorted, then every valid one, sorted. Triton
+    restricts each name the message offers."""
+    with pytest.raises(PyTritonValidationError) as caught:
+        TritonSecurityConfig(restricted_endpoints=["statistics", "stats", "infer"])
+    message = str(caught.value)
+    assert re.fullmatch(r"Invalid endpoint names: infer, stats\. Valid endpoints are: [a-z, -]+", message), (
+        message
+    )
+    valid = message.split("Valid endpoints are: ")[1].split(", ")
+    assert valid == sorted(VALID_TRITON_ENDPOINTS)
+    config, ports = local_config()
+    security = TritonSecurityConfig(access_token="tok3n", restricted_endpoints=valid)
+    with Triton(config=config, security_config=security) as triton:
+        triton.bind("double", double, X, Y, config=ModelConfig(max_batch_size=4))
+        for protocol in ("http", "grpc"):
+            with pytest.raises(InferenceServerException):
+                infer(protocol, ports[protocol])
+            assert not statistics_allowed(protocol, ports, None)
+            assert statistics_allowed(protocol, ports, "tok3n")
+            headers = create_auth_headers("tok3n", protocol)
+            assert infer(protocol, ports[protocol], headers=headers).tolist() == [[4.0]]
+        assert http_get(f"http://127.0.0.1:{ports['http']}/v2/health/live")[0] != 200
+        assert (
+            http_get(
+                f"http://127.0.0.1:{ports['http']}/v2/health/live", create_auth_headers("tok3n", "http")
+            )[0]
+            == 200
+        )
 
 
 def test_a_restriction_of_the_config_applies_beside_the_security_config():

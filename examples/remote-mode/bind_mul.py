@@ -1,8 +1,9 @@
 """Remote mode, second script: bind a model, Mul, to the Triton that `server.py` started, from this process.
 
 `RemoteTriton(url)` finds the Triton() of the same user on this machine that listens at `url`
-(`TRITON_URL`, default `localhost`, i.e. HTTP on port 8000); Mul's callable runs here, and leaves Triton
-when this script stops (SIGINT or SIGTERM).
+(`TRITON_URL`, default `localhost`, i.e. HTTP on port 8000), waiting for it up to 120 s, so both scripts
+may be started at the same moment; Mul's callable runs here, and leaves Triton when this script stops
+(SIGINT or SIGTERM).
 """
 
 import os

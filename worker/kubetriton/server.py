@@ -137,7 +137,7 @@ def publish(server: PublishedServer) -> tuple[Path, int]:
 def find_published(endpoint: Endpoint) -> PublishedServer | None:
     """The local server of this user that listens at `endpoint`, when it is on this machine and published;
     records of servers that ended are removed on the way."""
-    if not _is_this_machine(endpoint.host):
+    if not is_this_machine(endpoint.host):
         return None
     for record in sorted(servers_dir().glob("*.json")):
         try:
@@ -157,7 +157,7 @@ def find_published(endpoint: Endpoint) -> PublishedServer | None:
     return None
 
 
-def _is_this_machine(host: str) -> bool:
+def is_this_machine(host: str) -> bool:
     """Whether `host` names this machine: a socket can be bound to one of its addresses."""
     try:
         addresses = {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}

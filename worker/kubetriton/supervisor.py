@@ -472,6 +472,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not Path(args.script).is_file():
+        print(f"kubetriton run: {args.script}: no such file", file=sys.stderr)
+        return 2
     argv = [sys.executable, args.script, *args.args]
     if args.processes == 1:
         os.execv(sys.executable, argv)

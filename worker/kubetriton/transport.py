@@ -376,6 +376,8 @@ ERROR = 5
 """Worker to proxy: the batch `id` failed, with the client's message as its text; it ends a stream."""
 FINAL = 6
 """Worker to proxy: the stream `id` ended."""
+PARTIAL = 7
+"""Worker to proxy: a REPLY in which the entry of each request that failed alone is its client's message."""
 DECOUPLED = CANCEL = 1
 """Flags of REQUEST and CONTROL messages."""
 

@@ -56,6 +56,7 @@ from kubetriton.transport import (
     PARAM_HOP_PATH,
     PARAM_INLINE_LIMIT,
     PARAM_WORKER_WAIT_S,
+    PARTIAL,
     REPLY,
     REQUEST,
     Arena,
@@ -81,6 +82,31 @@ MAX_SOCKET_PATH = 107
 
 class ResponseError(ValueError):
     """A callable's responses do not match what the model declares."""
+
+
+class SomeRequestsFailed(ResponseError):
+    """Some requests of a batch failed and the others have their responses."""
+
+    def __init__(self, responses: Sequence[dict[str, np.ndarray] | ResponseError]) -> None:
+        self.errors = {
+            index: format_error(response, debug=False)
+            for index, response in enumerate(responses)
+            if isinstance(response, ResponseError)
+        }
+        """The client's message for each request that failed, by its place in the batch."""
+        self.outputs = [{} if isinstance(response, ResponseError) else response for response in responses]
+        """The outputs of each request in the batch; none for those that failed."""
+        super().__init__(
+            f"{len(self.errors)} of {len(responses)} requests failed: {next(iter(self.errors.values()))}"
+        )
+
+
+class _OutputsLeftOut(Exception):
+    """A response lacks declared outputs: whether that is an error depends on what its request asked for."""
+
+    def __init__(self, response: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.response = response
 
 
 class Reply(NamedTuple):
@@ -197,7 +223,14 @@ class ResponseChecker:
     Every output must have the declared rank, and with batching the batch size of its request: Triton
     passes on whatever shape the proxy gives it, so a wrong one would reach the client as a success.
     `strict` also demands the declared dtype and every fixed dimension; without it, numeric outputs are
-    cast to the declared dtype, as PyTriton does."""
+    cast to the declared dtype, as PyTriton does.
+
+    A response may leave declared outputs out (a model with optional inputs, say): as in PyTriton, they are
+    absent from what the client gets. A client that named the outputs it wants and does not get one of them
+    gets an error instead, its request alone (`SomeRequestsFailed`). Triton tells the model the same
+    names when a client names every output as when it names none, so only a client that named fewer than
+    all of them can be told apart. Responses that hold every declared output, the common case, are never
+    compared with their requests."""
 
     def __init__(self, spec: ModelSpec) -> None:
         self._spec = spec
@@ -207,9 +240,11 @@ class ResponseChecker:
         self._dtypes = {tensor.name: np.dtype(tensor.dtype) for tensor in spec.outputs}
         self._ranks = {tensor.name: len(tensor.shape) + self._batching for tensor in spec.outputs}
 
-    def check(self, result: Any, batch_sizes: Sequence[int | None]) -> list[dict[str, np.ndarray]]:
+    def check(
+        self, result: Any, batch_sizes: Sequence[int | None], requests: Sequence[Request]
+    ) -> list[dict[str, np.ndarray]]:
         """`batch_sizes` holds each request's batch size (None when the model does not batch, or the
-        request has no input to tell it)."""
+        request has no input to tell it); `requests` are the requests the callable was given."""
         count = len(batch_sizes)
         if not isinstance(result, (list, tuple)):
             if not (isinstance(result, Mapping) and count == 1):
@@ -222,10 +257,45 @@ class ResponseChecker:
             raise ResponseError(
                 f"Model '{self._spec.name}' callable returned {len(result)} responses for {count} requests"
             )
-        return [
-            self._check_response(response, batch_size)
-            for response, batch_size in zip(result, batch_sizes, strict=True)
-        ]
+        try:
+            return [
+                self._check_response(response, batch_size)
+                for response, batch_size in zip(result, batch_sizes, strict=True)
+            ]
+        except _OutputsLeftOut:
+            return self._check_partial(result, batch_sizes, requests)
+
+    def _check_partial(
+        self, result: Sequence[Any], batch_sizes: Sequence[int | None], requests: Sequence[Request]
+    ) -> list[dict[str, np.ndarray]]:
+        """The responses of a batch in which some leave declared outputs out."""
+        responses: list[dict[str, np.ndarray] | ResponseError] = []
+        for response, batch_size, request in zip(result, batch_sizes, requests, strict=True):
+            try:
+                responses.append(self._check_response(response, batch_size))
+            except _OutputsLeftOut as left_out:
+                responses.append(self._check_returned(left_out.response, batch_size, request))
+        if any(isinstance(response, ResponseError) for response in responses):
+            raise SomeRequestsFailed(responses)
+        return responses  # type: ignore[return-value]
+
+    def _check_returned(
+        self, response: Mapping[str, Any], batch_size: int | None, request: Request
+    ) -> dict[str, np.ndarray] | ResponseError:
+        """The outputs a response holds, or the error of a request that named one it lacks."""
+        asked = request.requested_output_names
+        if asked and len(asked) < len(self._names):
+            missing = [name for name in asked if name not in response]
+            if missing:
+                return ResponseError(
+                    f"Model '{self._spec.name}' callable did not return {missing}, "
+                    "which the request asked for"
+                )
+        return {
+            name: self._check_array(name, response[name], batch_size)
+            for name in self._names
+            if name in response
+        }
 
     def _check_response(self, response: Any, batch_size: int | None) -> dict[str, np.ndarray]:
         if isinstance(response, Request):
@@ -248,10 +318,7 @@ class ResponseChecker:
                     f"Model '{self._spec.name}' callable returned undeclared outputs {unknown}; "
                     f"declared outputs are {self._names}"
                 )
-            missing = [name for name in self._names if name not in response]
-            raise ResponseError(
-                f"Model '{self._spec.name}' callable did not return declared outputs {missing}"
-            )
+            raise _OutputsLeftOut(response)
         return {name: self._check_array(name, response[name], batch_size) for name in self._names}
 
     def _check_array(self, name: str, value: Any, batch_size: int | None) -> np.ndarray:
@@ -431,13 +498,14 @@ class InstanceServer(threading.Thread):
             for sample in self.spec.warmups:
                 batch_sizes = [1 if self._batching else None] * sample.batch_size
                 for _ in range(sample.count):
-                    result = self._call(sample.requests())
+                    requests = sample.requests()
+                    result = self._call(requests)
                     if not self.spec.config.decoupled:
-                        self._checked(result, batch_sizes)
+                        self._checked(result, batch_sizes, requests)
                         continue
                     try:
                         for item in _items(result):
-                            self._checker.check(item, batch_sizes)
+                            self._checker.check(item, batch_sizes, requests)
                     finally:
                         _close(result)
         except Exception as error:
@@ -581,19 +649,26 @@ class InstanceServer(threading.Thread):
     ) -> Reply:
         """The one reply of a non-decoupled model. Returning drops every reference to the inputs."""
         try:
-            result = self._call(self._decode_requests(peer, message, data, requests_arena))
-            return self._encode_responses(self._checked(result, self._batch_sizes(message)), responses_arena)
+            requests = self._decode_requests(peer, message, data, requests_arena)
+            result = self._call(requests)
+            try:
+                responses = self._checked(result, self._batch_sizes(message), requests)
+            except SomeRequestsFailed as failed:
+                return self._partial_reply(failed, self._encode_responses(failed.outputs, responses_arena))
+            return self._encode_responses(responses, responses_arena)
         except Exception as error:
             return self._error_reply(error)
 
-    def _checked(self, result: Any, batch_sizes: Sequence[int | None]) -> list[dict[str, np.ndarray]]:
+    def _checked(
+        self, result: Any, batch_sizes: Sequence[int | None], requests: Sequence[Request]
+    ) -> list[dict[str, np.ndarray]]:
         """The responses of a non-decoupled model's callable, checked against the declared outputs."""
         if type(result) not in _PLAIN_RESULTS and _is_generator(result):
             raise ResponseError(
                 f"Model '{self.spec.name}' callable is a generator; bind it with "
                 "ModelConfig(decoupled=True) to stream responses"
             )
-        return self._checker.check(result, batch_sizes)
+        return self._checker.check(result, batch_sizes, requests)
 
     def _stream(
         self,
@@ -608,9 +683,17 @@ class InstanceServer(threading.Thread):
         batch_sizes = self._batch_sizes(message)
         result = None
         try:
-            result = self._call(self._decode_requests(peer, message, data, requests_arena))
+            requests = self._decode_requests(peer, message, data, requests_arena)
+            result = self._call(requests)
             for item in _items(result):
-                yield self._encode_streamed(peer, self._checker.check(item, batch_sizes), responses_arena)
+                try:
+                    responses = self._checker.check(item, batch_sizes, requests)
+                except SomeRequestsFailed as failed:
+                    yield self._partial_reply(
+                        failed, self._encode_streamed(peer, failed.outputs, responses_arena)
+                    )
+                else:
+                    yield self._encode_streamed(peer, responses, responses_arena)
                 self._take_releases(peer, 0)
                 if peer.cancelled == message.id:
                     break
@@ -650,6 +733,16 @@ class InstanceServer(threading.Thread):
             assert peer.arenas is not None, "a hop's first message names its arenas"
             for offset in message.released:
                 peer.arenas[1].free(offset)
+
+    def _partial_reply(self, failed: SomeRequestsFailed, reply: Reply) -> Reply:
+        """`reply`, the encoded outputs of a batch in which some requests failed, with the error's text for
+        the entry of each of those."""
+        LOGGER.warning("Model %s instance %d: %s", self.spec.name, self.instance, failed)
+        self.failures += len(failed.errors)
+        entries: list[Any] = list(reply.entries)
+        for index, text in failed.errors.items():
+            entries[index] = text
+        return Reply(PARTIAL, entries, reply.frames)
 
     def _error_reply(self, error: Exception) -> Reply:
         LOGGER.warning("Model %s instance %d: %s", self.spec.name, self.instance, error, exc_info=self._debug)

@@ -35,6 +35,7 @@ from kubetriton.server import (
     PublishedServer,
     claim,
     find_published,
+    is_this_machine,
     publish,
     remove_abandoned,
     remove_owned,
@@ -78,7 +79,10 @@ SIDECAR_WAIT_S = 600.0
 SUPERVISOR_WAIT_S = 300.0
 """How long a worker process waits for the local tritonserver that its supervisor launches."""
 REMOTE_WAIT_S = 120.0
-"""How long RemoteTriton waits for its Triton to become live."""
+"""How long RemoteTriton waits for its Triton to become live and, when it is a local `Triton()`, for that
+one to publish its record."""
+PUBLISHED_POLL_S = 0.05
+"""How often RemoteTriton looks for the record of a local `Triton()` that answers already."""
 REMOTE_DRAIN_S = 30.0
 """How long a stopping RemoteTriton waits for requests in flight before it unloads its models."""
 SAGEMAKER_PORT = 8080
@@ -332,8 +336,8 @@ class TritonSecurityConfig:
         unknown = sorted(set(self.restricted_endpoints) - VALID_TRITON_ENDPOINTS)
         if unknown:
             raise PyTritonValidationError(
-                f"Unknown Triton endpoints {', '.join(unknown)}; "
-                f"the endpoints are {', '.join(sorted(VALID_TRITON_ENDPOINTS))}"
+                f"Invalid endpoint names: {', '.join(unknown)}. "
+                f"Valid endpoints are: {', '.join(sorted(VALID_TRITON_ENDPOINTS))}"
             )
         self._token_generated = self.access_token is None and bool(self.restricted_endpoints)
         if self._token_generated:
@@ -1098,11 +1102,12 @@ class RemoteTriton(_Serving):
 
     def _start_triton(self) -> None:
         self._control = TritonControl(self._url, access_token=self._access_token)
+        deadline = time.monotonic() + REMOTE_WAIT_S
         LOGGER.info("Waiting for Triton at %s", self._url)
         self._control.wait_until_live(REMOTE_WAIT_S)
-        local = None if self._workspace_given else find_published(self._endpoint)
+        local = None if self._workspace_given else self._published_server(deadline)
         if local is None:
-            if not self._workspace_given and not (self._workspace / podenv.REPOSITORY_TOKEN_FILE).is_file():
+            if not self._workspace_given and not self._bootstrapped():
                 raise PyTritonRuntimeError(
                     f"No Triton() of this user on this machine listens at {self._url}, and {self._workspace} "
                     "is no workspace prepared by `kubetriton bootstrap`; for such a Triton elsewhere, give "
@@ -1115,6 +1120,23 @@ class RemoteTriton(_Serving):
         self._runtime = Path(local.runtime)
         self._control.access_token = local.access_token
         self._serve_through(local.repository_token, Path(local.sockets), Path(local.arena_dir))
+
+    def _published_server(self, deadline: float) -> PublishedServer | None:
+        """The Triton() of this user that listens at the URL. One started at the same moment as this process
+        answers before it has published its record: unless there is a workspace prepared by `kubetriton
+        bootstrap` to attach to instead, or the URL names another machine, wait for the record until
+        `deadline`."""
+        local = find_published(self._endpoint)
+        if local is not None or self._bootstrapped() or not is_this_machine(self._endpoint.host):
+            return local
+        LOGGER.info("Waiting for the Triton() at %s to publish where it serves from", self._url)
+        while local is None and time.monotonic() < deadline:
+            time.sleep(PUBLISHED_POLL_S)
+            local = find_published(self._endpoint)
+        return local
+
+    def _bootstrapped(self) -> bool:
+        return (self._workspace / podenv.REPOSITORY_TOKEN_FILE).is_file()
 
     def _leave_triton(self) -> None:
         """Finish what is in flight, then unload the models: nothing is left in Triton to serve them."""

@@ -46,6 +46,7 @@ from kubetriton.transport import (
     PARAM_HOP_PATH,
     PARAM_INLINE_LIMIT,
     PARAM_WORKER_WAIT_S,
+    PARTIAL,
     REQUEST,
     Arena,
     ArenaFullError,
@@ -130,6 +131,8 @@ class TritonPythonModel:
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))) for _ in requests]
         if reply.kind == ERROR:
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.text)) for _ in requests]
+        if reply.kind == PARTIAL:
+            return [self._response_or_error(entry, data) for entry in reply.entries]
         return [self._response(outputs, data) for outputs in reply.entries]
 
     def _execute_decoupled(self, requests: list[Any]) -> None:
@@ -149,8 +152,9 @@ class TritonPythonModel:
                     for sender in senders:
                         sender.send(flags=final)
                     return
+                respond = self._response_or_error if reply.kind == PARTIAL else self._response
                 for sender, outputs in zip(senders, reply.entries, strict=True):
-                    sender.send(self._response(outputs, data))
+                    sender.send(respond(outputs, data))
                 self._release_responses()
                 if next_check and time.monotonic() >= next_check:
                     next_check = time.monotonic() + CANCEL_CHECK_S
@@ -289,6 +293,12 @@ class TritonPythonModel:
             if in_arena:
                 self._released_responses.append(offset)
         return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def _response_or_error(self, entry: list[Descriptor] | str, data: list[memoryview]) -> Any:
+        """A request's entry in a PARTIAL reply: its outputs, or the message of its failure."""
+        if isinstance(entry, str):
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(entry))
+        return self._response(entry, data)
 
     def finalize(self) -> None:
         if self._hop is not None:
