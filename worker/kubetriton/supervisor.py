@@ -59,6 +59,9 @@ STOP_SLACK_S = 15.0
 """Beyond the drain budget and Triton's exit timeout: how long stopping processes may take to exit before
 they are killed."""
 WATCH_INTERVAL_S = 0.1
+RELAY_DRAIN_S = 2.0
+"""How long the last lines of a process that exited may take to be read (a child of its own may hold its
+output open)."""
 _GPU_UUID = re.compile(r"^(GPU|MIG)-")
 
 
@@ -135,6 +138,7 @@ class WorkerProcess:
         self.restarts = 0
         self.restart_at: float | None = None
         self.last_lines: deque[str] = deque(maxlen=LAST_LINES)
+        self._relays: list[threading.Thread] = []
 
     def start(self) -> None:
         self.process = subprocess.Popen(
@@ -149,8 +153,10 @@ class WorkerProcess:
         self.started_at = time.monotonic()
         self.restart_at = None
         assert self.process.stdout is not None and self.process.stderr is not None
-        relay_output(self.process.stdout, self.index, sys.stdout, None)
-        relay_output(self.process.stderr, self.index, sys.stderr, self.last_lines)
+        self._relays = [
+            relay_output(self.process.stdout, self.index, sys.stdout, None),
+            relay_output(self.process.stderr, self.index, sys.stderr, self.last_lines),
+        ]
 
     def exit_code(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -161,12 +167,15 @@ class WorkerProcess:
                 self.process.send_signal(signum)
 
     def describe_exit(self, code: int) -> str:
+        """How the process ended, with its last lines once its output is read to the end."""
+        for relay in self._relays:
+            relay.join(RELAY_DRAIN_S)
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         last = "; its last lines: " + " | ".join(self.last_lines) if self.last_lines else ""
         return f"worker process {self.index} {how}{last}"
 
 
-def relay_output(pipe: IO[bytes], index: int, target: IO[str], keep: deque[str] | None) -> None:
+def relay_output(pipe: IO[bytes], index: int, target: IO[str], keep: deque[str] | None) -> threading.Thread:
     """Copy a process's output to the supervisor's, line by line with the process's index in front, in a
     thread of its own until the pipe closes; keep its last non-empty lines in `keep`."""
 
@@ -179,7 +188,9 @@ def relay_output(pipe: IO[bytes], index: int, target: IO[str], keep: deque[str] 
                 target.write(f"[{index}] {text}\n")
                 target.flush()
 
-    threading.Thread(target=copy, name=f"kubetriton-output-{index}", daemon=True).start()
+    thread = threading.Thread(target=copy, name=f"kubetriton-output-{index}", daemon=True)
+    thread.start()
+    return thread
 
 
 class Supervisor:
@@ -210,6 +221,7 @@ class Supervisor:
         self._before_stop = before_stop
         self._check = check
         self._stop_requested = threading.Event()
+        self._exit_code = 1
         self.stopping = False
 
     def request_stop(self, *_: object) -> None:
@@ -219,7 +231,8 @@ class Supervisor:
         return [process.restarts for process in self.processes]
 
     def run(self) -> int:
-        """Supervise until stopped (0) or until a process keeps exiting or `check` fails (1)."""
+        """Supervise until stopped (0), or until a process keeps exiting or `check` fails (1; the launcher's
+        status for an unsupported image when a process ended with it)."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self.request_stop)
         for process in self.processes:
@@ -234,7 +247,7 @@ class Supervisor:
         LOGGER.error("%s", failure)
         with contextlib.suppress(OSError):
             Path(TERMINATION_LOG).write_text(failure[:TERMINATION_MESSAGE_BYTES])
-        return 1
+        return self._exit_code
 
     def _watch(self) -> str | None:
         """Restart the processes that exited, when their time comes; why to give up, or None."""
@@ -248,7 +261,8 @@ class Supervisor:
             code = process.exit_code()
             if code is None:
                 continue
-            if code == podenv.UNSUPPORTED_IMAGE_EXIT_CODE:
+            if code == podenv.UNSUPPORTED_IMAGE_EXIT_CODE:  # the image, not the process: no restart helps
+                self._exit_code = code
                 return process.describe_exit(code)
             process.failures_in_a_row, delay = self._policy.after_exit(
                 process.failures_in_a_row, now - process.started_at
