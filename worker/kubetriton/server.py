@@ -282,6 +282,18 @@ class LocalTritonServer:
         except FileNotFoundError:
             return ""
 
+    def exit_report(self, lines: int = 20) -> str:
+        """Why the server ended, as far as its log says: its last error lines, then its last lines (a
+        crash's are a stack trace, which names no cause)."""
+        try:
+            log = self._log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return ""
+        errors = [line for line in log[:-lines] if line.startswith("E")][-lines:]
+        return "\n".join(
+            [*(["Its last errors:", *errors, "Its last lines:"] if errors else []), *log[-lines:]]
+        )
+
     def stop(self) -> None:
         """SIGTERM, wait for Triton to drain within its exit timeout, then make sure it is gone."""
         process, self._process = self._process, None

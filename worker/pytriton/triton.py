@@ -852,9 +852,7 @@ class Triton(_Serving):
 
     def _check_triton(self) -> None:
         if self._server is not None and not self._server.is_running():
-            raise PyTritonRuntimeError(
-                f"tritonserver exited unexpectedly. Last lines of its log:\n{self._server.log_tail()}"
-            )
+            raise PyTritonRuntimeError(f"tritonserver exited unexpectedly.\n{self._server.exit_report()}")
 
     def _leave_triton(self) -> None:
         if self._publication is not None:
