@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -69,6 +71,27 @@ def _slow(requests: list[Request]) -> list[dict[str, np.ndarray]]:
     if any(np.any(request["x"] >= 0) for request in requests):
         time.sleep(SLOW_MODEL_S)
     return [{"y": request["x"]} for request in requests]
+
+
+_GATE = threading.Event()
+"""Holds the requests of model "gated" until a test sets it (at most GATE_HELD_S)."""
+GATE_HELD_S = 60.0
+
+
+def _gated(requests: list[Request]) -> list[dict[str, np.ndarray]]:
+    _GATE.wait(GATE_HELD_S)
+    return [{"y": request["x"]} for request in requests]
+
+
+@contextlib.contextmanager
+def _gate_closed() -> Iterator[None]:
+    """Model "gated" holds its requests until the block ends or `_GATE.set()`; name it after the client in
+    a `with` statement, so that the requests are let go before the client waits for them."""
+    _GATE.clear()
+    try:
+        yield
+    finally:
+        _GATE.set()
 
 
 def _headers(requests: list[Request]) -> list[dict[str, np.ndarray]]:
@@ -140,6 +163,7 @@ def triton() -> Iterator[Triton]:
         )
         server.bind("boom", _boom, [_float_tensor("x")], [_float_tensor("y")], config=batching)
         server.bind("slow", _slow, [_float_tensor("x")], [_float_tensor("y")], config=batching)
+        server.bind("gated", _gated, [_float_tensor("x")], [_float_tensor("y")], config=batching)
         server.bind(
             "headers",
             _headers,
@@ -553,7 +577,7 @@ def test_futures_client_close_without_waiting(triton: Triton) -> None:
     assert client._clients == []
 
 
-def test_futures_client_runs_requests_in_parallel_and_bounds_the_queue(triton: Triton) -> None:
+def test_futures_client_runs_requests_in_parallel(triton: Triton) -> None:
     with FuturesModelClient(GRPC_URL, "slow", max_workers=3) as client:
         client.wait_for_model(30).result()
         started = time.monotonic()
@@ -561,11 +585,64 @@ def test_futures_client_runs_requests_in_parallel_and_bounds_the_queue(triton: T
         concurrent.futures.wait(futures, timeout=30)
         assert all(future.result()["y"].tolist() == [1.0] for future in futures)
         assert time.monotonic() - started < 2.5 * SLOW_MODEL_S
-    with FuturesModelClient(GRPC_URL, "slow", max_workers=1, non_blocking=True) as client:
-        running = client.infer_sample(_floats(1.0))
-        with pytest.raises(PyTritonClientQueueFullError):
+
+
+def test_futures_client_queues_max_queue_size_requests_beyond_its_workers(triton: Triton) -> None:
+    with (
+        FuturesModelClient(GRPC_URL, "gated", max_workers=1, max_queue_size=2, non_blocking=True) as client,
+        _gate_closed(),
+    ):
+        held = [client.infer_sample(_floats(float(value))) for value in range(3)]
+        with pytest.raises(PyTritonClientQueueFullError, match="Queue is full: 2 requests"):
+            client.infer_sample(_floats(3.0))
+        _GATE.set()
+        assert [future.result(timeout=30)["y"].tolist() for future in held] == [[0.0], [1.0], [2.0]]
+        assert client.infer_sample(_floats(4.0)).result(timeout=30)["y"].tolist() == [4.0]
+
+
+def test_futures_client_defaults_to_128_threads_and_128_queued_requests(triton: Triton) -> None:
+    with FuturesModelClient(GRPC_URL, "gated", non_blocking=True) as client, _gate_closed():
+        held = [client.infer_sample(_floats(float(value))) for value in range(256)]
+        with pytest.raises(PyTritonClientQueueFullError, match=r"128 requests .* one of 128 threads"):
             client.infer_sample(_floats(1.0))
-        assert running.result(timeout=30)["y"].tolist() == [1.0]
+        _GATE.set()
+        assert [future.result(timeout=60)["y"][0] for future in held] == list(range(256))
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"max_workers": 1, "max_queue_size": None}, {"max_workers": None, "max_queue_size": 1}],
+    ids=["unbounded-queue", "unbounded-threads"],
+)
+def test_futures_client_without_a_limit_refuses_nothing(
+    triton: Triton, limits: dict[str, int | None]
+) -> None:
+    with FuturesModelClient(GRPC_URL, "gated", non_blocking=True, **limits) as client, _gate_closed():
+        held = [client.infer_sample(_floats(float(value))) for value in range(20)]
+        _GATE.set()
+        assert [future.result(timeout=60)["y"][0] for future in held] == list(range(20))
+
+
+def test_a_submission_waits_for_room_at_most_the_inference_timeout(triton: Triton) -> None:
+    """Two readiness waits for a model that never loads fill one thread and a queue of one; a third request
+    waits `inference_timeout_s` for room and is refused."""
+    client = FuturesModelClient(GRPC_URL, "absent", max_workers=1, max_queue_size=1, inference_timeout_s=0.3)
+    try:
+        client.wait_for_model(10)
+        queued = client.wait_for_model(10)
+        started = time.monotonic()
+        with pytest.raises(PyTritonClientQueueFullError, match=r"none left within 0\.3 s"):
+            client.infer_sample(_floats(1.0))
+        assert time.monotonic() - started >= 0.3
+    finally:
+        client.close(wait=False)
+    assert queued.cancelled()
+
+
+@pytest.mark.parametrize("limit", ["max_workers", "max_queue_size"])
+def test_futures_client_limits_below_one_raise_value_error(limit: str) -> None:
+    with pytest.raises(ValueError, match=f"^{limit} must be greater than 0$"):
+        FuturesModelClient(GRPC_URL, "double", **{limit: 0})
 
 
 @BOTH_URLS

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -38,6 +38,9 @@ from pytriton.client.triton_model_config import TritonModelConfig
 
 _T = TypeVar("_T")
 _SLOT_POLL_S = 0.1
+_UNLIMITED_THREADS = sys.maxsize
+"""A thread pool of this size starts a thread whenever a request finds none idle: PyTriton's meaning of
+`max_workers=None`."""
 
 
 class _Transport:
@@ -563,9 +566,10 @@ class FuturesModelClient(_protocol.ModelAddress):
     """Runs requests on a thread pool and returns `concurrent.futures.Future` objects.
 
     Each worker thread has its own ModelClient (tritonclient connections are not shared between threads);
-    the configuration read by the first one is reused by the others. At most `max_workers` requests are
-    queued or running: further submissions block, or raise PyTritonClientQueueFullError when
-    `non_blocking=True`.
+    the configuration read by the first one is reused by the others. At most `max_workers` requests run
+    and `max_queue_size` more wait for a thread (None: no limit). A submission that finds the queue full
+    waits for room; it raises PyTritonClientQueueFullError at once when `non_blocking=True`, or once
+    `inference_timeout_s` has passed when that is given.
     """
 
     def __init__(
@@ -574,7 +578,8 @@ class FuturesModelClient(_protocol.ModelAddress):
         model_name: str,
         model_version: str | None = None,
         *,
-        max_workers: int | None = None,
+        max_workers: int | None = 128,
+        max_queue_size: int | None = 128,
         non_blocking: bool = False,
         init_timeout_s: float | None = None,
         inference_timeout_s: float | None = None,
@@ -583,7 +588,9 @@ class FuturesModelClient(_protocol.ModelAddress):
         access_token: str | None = None,
     ) -> None:
         if max_workers is not None and max_workers < 1:
-            raise PyTritonClientValueError(f"max_workers must be at least 1, not {max_workers}")
+            raise ValueError("max_workers must be greater than 0")
+        if max_queue_size is not None and max_queue_size < 1:
+            raise ValueError("max_queue_size must be greater than 0")
         self._endpoint = parse_url(url)
         self._model_name = model_name
         self._model_version = model_version
@@ -592,11 +599,18 @@ class FuturesModelClient(_protocol.ModelAddress):
         self._model_config = TritonModelConfig.of(model_config)
         self._model_ready = not ensure_model_is_ready
         self._access_token = access_token
-        self._max_workers = max_workers or min(32, (os.cpu_count() or 1) + 4)
+        self._max_workers = max_workers
+        self._max_queue_size = max_queue_size
         self._non_blocking = non_blocking
-        self._slots = threading.BoundedSemaphore(self._max_workers)
+        self._slots = (
+            None
+            if max_workers is None or max_queue_size is None
+            else threading.BoundedSemaphore(max_workers + max_queue_size)
+        )
+        """Room for the requests running or waiting; None when either is unbounded (with threads without
+        limit, no request ever waits for one)."""
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            self._max_workers, thread_name_prefix=f"pytriton-client-{model_name}"
+            max_workers or _UNLIMITED_THREADS, thread_name_prefix=f"pytriton-client-{model_name}"
         )
         self._local = threading.local()
         self._clients: list[ModelClient] = []
@@ -668,22 +682,44 @@ class FuturesModelClient(_protocol.ModelAddress):
 
     def _submit(self, call: Callable[[ModelClient], _T]) -> concurrent.futures.Future[_T]:
         self._check_open()
-        if self._non_blocking:
-            if not self._slots.acquire(blocking=False):
-                raise PyTritonClientQueueFullError(
-                    f"{self._max_workers} requests to model {self._model_name} are already queued or running"
-                )
-        else:
-            while not self._slots.acquire(timeout=_SLOT_POLL_S):
-                self._check_open()
+        slots = self._slots
+        if slots is None:
+            return self._executor.submit(self._run, call)
+        self._take_slot(slots)
         try:
             self._check_open()
             future = self._executor.submit(self._run, call)
         except BaseException:
-            self._slots.release()
+            slots.release()
             raise
-        future.add_done_callback(lambda _: self._slots.release())
+        future.add_done_callback(lambda _: slots.release())
         return future
+
+    def _take_slot(self, slots: threading.BoundedSemaphore) -> None:
+        """Wait for room for one more request: not at all with `non_blocking`, at most
+        `inference_timeout_s` when given, and only while the client is open."""
+        if self._non_blocking:
+            if not slots.acquire(blocking=False):
+                raise self._queue_full()
+            return
+        timeout_s = self._inference_timeout_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            remaining = _SLOT_POLL_S if deadline is None else min(_SLOT_POLL_S, deadline - time.monotonic())
+            if slots.acquire(timeout=max(0.0, remaining)):
+                return
+            self._check_open()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise self._queue_full(waited_s=timeout_s)
+
+    def _queue_full(self, waited_s: float | None = None) -> PyTritonClientQueueFullError:
+        message = (
+            f"Queue is full: {self._max_queue_size} requests to model {self._model_name} wait for one of "
+            f"{self._max_workers} threads"
+        )
+        if waited_s is not None:
+            message += f", and none left within {waited_s:g} s"
+        return PyTritonClientQueueFullError(message)
 
     def _run(self, call: Callable[[ModelClient], _T]) -> _T:
         client = getattr(self._local, "client", None)
