@@ -425,8 +425,64 @@ def test_from_existing_client_reuses_the_config(triton: Triton) -> None:
     with ModelClient(GRPC_URL, "double") as first:
         first.infer_sample(np.array([1.0], np.float32))
         with ModelClient.from_existing_client(first) as second:
+            assert (type(second), second.url) == (ModelClient, GRPC_URL)
             assert second.model_config is first.model_config
             np.testing.assert_array_equal(second.infer_sample(np.array([4.0], np.float32))["y"], [8.0])
+    with DecoupledModelClient(GRPC_URL, "stream") as first:
+        assert len(list(first.infer_sample(_floats(2.0)))) == 2
+        with DecoupledModelClient.from_existing_client(first) as second:
+            assert second.model_config is first.model_config
+            assert [result["y"].tolist() for result in second.infer_sample(_floats(2.0))] == [[2.0], [3.0]]
+
+
+@BOTH_URLS
+def test_asyncio_clients_from_existing_client(triton: Triton, url: str) -> None:
+    """The copy is of the class it is called on, with the URL, model, version, timeouts and token of the
+    existing client (asyncio or not) and the configuration it has read."""
+
+    async def scenario() -> None:
+        async with AsyncioModelClient(url, "headers", access_token="t0k") as first:
+            await first.infer_sample(_floats(1.0))
+            async with AsyncioModelClient.from_existing_client(first) as second:
+                assert (type(second), second.url, second.model_name) == (AsyncioModelClient, url, "headers")
+                assert await second.model_config is await first.model_config
+                assert (await second.infer_sample(_floats(1.0)))["token"][0] == b"t0k"
+        with ModelClient(url, "slow", "1", inference_timeout_s=0.3) as synchronous:
+            async with AsyncioModelClient.from_existing_client(synchronous) as copy:
+                assert copy.model_version == "1"
+                with pytest.raises(PyTritonClientTimeoutError):
+                    await copy.infer_sample(_floats(1.0))
+        if url == GRPC_URL:
+            async with AsyncioDecoupledModelClient(url, "stream") as first:
+                assert len([result async for result in first.infer_sample(_floats(2.0))]) == 2
+                async with AsyncioDecoupledModelClient.from_existing_client(first) as second:
+                    assert type(second) is AsyncioDecoupledModelClient
+                    assert await second.model_config is await first.model_config
+                    assert [result["y"].tolist() async for result in second.infer_sample(_floats(2.0))] == [
+                        [2.0],
+                        [3.0],
+                    ]
+
+    asyncio.run(scenario())
+    time.sleep(SLOW_MODEL_S)
+
+
+def test_an_asyncio_copy_of_a_client_with_the_config_skips_the_readiness_wait(triton: Triton) -> None:
+    """A client given the configuration waits for readiness (here in vain: nothing listens); its copy sends
+    the inference at once, which is refused."""
+    with ModelClient(GRPC_URL, "double") as known:
+        config = known.model_config
+
+    async def scenario() -> None:
+        url = f"grpc://localhost:{REFUSED_PORT}"
+        async with AsyncioModelClient(url, "double", init_timeout_s=30, model_config=config) as first:
+            copy = AsyncioModelClient.from_existing_client(first)
+            async with copy:
+                with pytest.raises(PyTritonClientInferenceServerError, match="connection refused") as caught:
+                    await copy.infer_sample(_floats(1.0))
+                assert not isinstance(caught.value, PyTritonClientTimeoutError)
+
+    asyncio.run(scenario())
 
 
 def _floats(*values: float) -> np.ndarray:

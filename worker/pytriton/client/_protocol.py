@@ -1,5 +1,6 @@
-"""What every client kind shares: URL parsing, turning call arguments into Triton tensors and results back
-into arrays, and translating tritonclient and socket failures into the PyTriton client errors.
+"""What every client kind shares: its address and settings (and the copy `from_existing_client` makes of
+them), turning call arguments into Triton tensors and results back into arrays, and translating
+tritonclient and socket failures into the PyTriton client errors.
 
 Error policy: a timeout (HTTP network timeout, gRPC deadline) raises PyTritonClientTimeoutError; a server
 that cannot be reached (connection refused, gRPC UNAVAILABLE) raises PyTritonClientInferenceServerError
@@ -14,7 +15,7 @@ import itertools
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -62,6 +63,34 @@ class ModelAddress:
     @property
     def model_version(self) -> str | None:
         return self._model_version
+
+
+_Client = TypeVar("_Client", bound="ClientSettings")
+
+
+class ClientSettings(ModelAddress):
+    """What a client of one model is given besides its address, which `from_existing_client` hands on."""
+
+    _init_timeout_s: float
+    _inference_timeout_s: float
+    _model_config: TritonModelConfig | None
+    _access_token: str | None
+
+    @classmethod
+    def from_existing_client(cls: type[_Client], existing_client: ClientSettings) -> _Client:
+        """A new client of this class for the same model, with the existing client's URL, timeouts and
+        token. It takes the configuration the existing one has read and then skips the readiness wait."""
+        config = existing_client._model_config
+        return cls(
+            existing_client.url,
+            existing_client.model_name,
+            existing_client.model_version,
+            init_timeout_s=existing_client._init_timeout_s,
+            inference_timeout_s=existing_client._inference_timeout_s,
+            model_config=config,
+            ensure_model_is_ready=config is None,
+            access_token=existing_client._access_token,
+        )
 
 
 def new_request_id() -> str:

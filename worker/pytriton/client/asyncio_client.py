@@ -34,7 +34,7 @@ from pytriton.client.triton_model_config import TritonModelConfig
 _T = TypeVar("_T")
 
 
-class AsyncioModelClient(_protocol.ModelAddress):
+class AsyncioModelClient(_protocol.ClientSettings):
     """asyncio client of one model on a Triton server; see ModelClient for the waiting, timeout and error
     rules. Use `async with`, or `await close()`. With `lazy_init=False`, entering the context waits for
     the model and reads its configuration."""

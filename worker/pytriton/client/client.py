@@ -139,7 +139,7 @@ class _Transport:
         self.client.close()
 
 
-class ModelClient(_protocol.ModelAddress):
+class ModelClient(_protocol.ClientSettings):
     """Synchronous client of one model on a Triton server.
 
     The first call that needs the model waits for the server and the model to be ready (at most
@@ -187,21 +187,6 @@ class ModelClient(_protocol.ModelAddress):
             except BaseException:
                 self.close()
                 raise
-
-    @classmethod
-    def from_existing_client(cls, existing_client: ModelClient) -> ModelClient:
-        """A new client for the same model, reusing the configuration the existing one already read."""
-        config = existing_client._model_config
-        return cls(
-            existing_client._endpoint.url,
-            existing_client._model_name,
-            existing_client._model_version,
-            init_timeout_s=existing_client._init_timeout_s,
-            inference_timeout_s=existing_client._inference_timeout_s,
-            model_config=config,
-            ensure_model_is_ready=config is None,
-            access_token=existing_client._access_token,
-        )
 
     def __enter__(self) -> ModelClient:
         return self
