@@ -6,12 +6,16 @@ import asyncio
 import concurrent.futures
 import contextlib
 import gc
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import numpy as np
 import pytest
+import tritonclient.grpc
 import tritonclient.http
 import tritonclient.utils
 from kubetriton.triton_home import locate
@@ -30,6 +34,7 @@ from pytriton.client import (
     PyTritonClientValueError,
     _protocol,
 )
+from pytriton.client import client as client_module
 from pytriton.client._url import parse_url
 from pytriton.client.auth import (
     GRPC_ACCESS_TOKEN_HEADER,
@@ -483,6 +488,85 @@ def test_an_asyncio_copy_of_a_client_with_the_config_skips_the_readiness_wait(tr
                 assert not isinstance(caught.value, PyTritonClientTimeoutError)
 
     asyncio.run(scenario())
+
+
+LOADED_CONFIG = json.dumps(
+    {
+        "backend": "python",
+        "max_batch_size": 4,
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+        "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}],
+    }
+)
+
+
+@BOTH_URLS
+def test_model_client_loads_and_unloads_its_model(triton: Triton, url: str) -> None:
+    """A model in no repository, loaded from the configuration and files given, then unloaded; the
+    repository endpoint wants the server's token."""
+    files = {"file:1/model.py": GOOD_MODEL.encode()}
+    with (
+        ModelClient(url, "loaded") as anonymous,
+        pytest.raises(PyTritonClientInferenceServerError, match=r"^Model loaded at .* is restricted"),
+    ):
+        anonymous.load_model(config=LOADED_CONFIG, files=files)
+    with ModelClient(url, "loaded", access_token=triton.get_access_token(), init_timeout_s=30) as client:
+        assert client.get_lib() is (tritonclient.grpc if url == GRPC_URL else tritonclient.http)
+        client.load_model(config=LOADED_CONFIG, files=files)
+        assert client.infer_sample(_floats(1.5))["y"].tolist() == [1.5]
+        client.unload_model()
+        raw = client.get_lib().InferenceServerClient(parse_url(url).address)
+        try:
+            deadline = time.monotonic() + 30
+            while raw.is_model_ready("loaded") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not raw.is_model_ready("loaded")
+        finally:
+            raw.close()
+
+
+def test_model_client_waits_for_the_server(triton: Triton) -> None:
+    with ModelClient(GRPC_URL, "double") as client:
+        assert client.wait_for_server(10) is None
+    with (
+        ModelClient(f"http://localhost:{REFUSED_PORT}", "double") as client,
+        pytest.raises(PyTritonClientTimeoutError, match=r"^Waiting for server to be ready timed out\.$"),
+    ):
+        client.wait_for_server(0.5)
+    with pytest.raises(PyTritonClientClosedError):
+        client.wait_for_server(0.5)
+
+
+def test_pytriton_client_client_holds_pytritons_names() -> None:
+    """Every client, the asyncio ones imported only when asked for, their base and the default inference
+    timeout, where PyTriton has them."""
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "from pytriton.client.client import DEFAULT_INFERENCE_TIMEOUT_S, BaseModelClient, ModelClient\n"
+            "print('aiohttp' in sys.modules, DEFAULT_INFERENCE_TIMEOUT_S)\n"
+            "from pytriton.client.client import AsyncioModelClient, AsyncioDecoupledModelClient\n"
+            "print('aiohttp' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert loaded.split() == ["False", "60.0", "True"]
+    for client in (ModelClient, DecoupledModelClient, AsyncioModelClient, AsyncioDecoupledModelClient):
+        assert getattr(client_module, client.__name__) is client
+        assert issubclass(client, client_module.BaseModelClient)
+    assert client_module.FuturesModelClient is FuturesModelClient
+    assert not issubclass(FuturesModelClient, client_module.BaseModelClient)
+    with pytest.raises(AttributeError, match="has no attribute 'AsyncioFuturesModelClient'"):
+        client_module.AsyncioFuturesModelClient  # noqa: B018
+
+
+def test_the_asyncio_clients_name_their_tritonclient_module() -> None:
+    assert AsyncioModelClient(HTTP_URL, "double").get_lib() is tritonclient.http.aio
+    assert AsyncioDecoupledModelClient(GRPC_URL, "stream").get_lib() is tritonclient.grpc.aio
 
 
 def _floats(*values: float) -> np.ndarray:

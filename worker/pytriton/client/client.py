@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import importlib
 import queue
 import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping
+from types import ModuleType
 from typing import Any, TypeVar
 
 import numpy as np
 import tritonclient.grpc
 import tritonclient.http
 
-from pytriton.client import _protocol
+from pytriton.client import _protocol, utils
+from pytriton.client._protocol import BaseModelClient
 from pytriton.client._url import Endpoint, parse_url
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
@@ -36,11 +39,21 @@ from pytriton.client.exceptions import (
 )
 from pytriton.client.triton_model_config import TritonModelConfig
 
+DEFAULT_INFERENCE_TIMEOUT_S = _protocol.DEFAULT_INFERENCE_TIMEOUT_S
+"""The default of `inference_timeout_s`, under the name and in the module where PyTriton has it."""
 _T = TypeVar("_T")
 _SLOT_POLL_S = 0.1
 _UNLIMITED_THREADS = sys.maxsize
 """A thread pool of this size starts a thread whenever a request finds none idle: PyTriton's meaning of
 `max_workers=None`."""
+
+
+def __getattr__(name: str) -> Any:
+    """PyTriton keeps its asyncio clients in this module too; they are imported from `asyncio_client` only
+    when asked for, so that the blocking clients never import asyncio's HTTP stack."""
+    if name in ("AsyncioModelClient", "AsyncioDecoupledModelClient"):
+        return getattr(importlib.import_module("pytriton.client.asyncio_client"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _Transport:
@@ -114,10 +127,7 @@ class _Transport:
         headers: dict[str, str],
     ) -> Any:
         binary = not self.is_grpc
-        if binary and self._stale():
-            self.client.close()
-            self.client = self._connect()
-        return self.client.infer(
+        return self._current().infer(
             config.model_name,
             _protocol.triton_inputs(self.module, arrays, binary=binary),
             model_version=model_version,
@@ -127,6 +137,23 @@ class _Transport:
             parameters=dict(parameters) if parameters else None,
             **self._timeout_kwargs(),
         )
+
+    def load_model(
+        self, model_name: str, headers: dict[str, str], config: str | None, files: dict[str, bytes] | None
+    ) -> None:
+        self._current().load_model(
+            model_name, headers=headers, config=config, files=files, **self._timeout_kwargs()
+        )
+
+    def unload_model(self, model_name: str, headers: dict[str, str]) -> None:
+        self._current().unload_model(model_name, headers=headers, **self._timeout_kwargs())
+
+    def _current(self) -> Any:
+        """The connection, replaced first when it is a stale HTTP one."""
+        if not self.is_grpc and self._stale():
+            self.client.close()
+            self.client = self._connect()
+        return self.client
 
     def _stale(self) -> bool:
         """Whether the HTTP connection must be replaced before the next request: it is older than
@@ -139,7 +166,7 @@ class _Transport:
         self.client.close()
 
 
-class ModelClient(_protocol.ClientSettings):
+class ModelClient(BaseModelClient):
     """Synchronous client of one model on a Triton server.
 
     The first call that needs the model waits for the server and the model to be ready (at most
@@ -218,6 +245,29 @@ class ModelClient(_protocol.ClientSettings):
         self._wait_until_ready(timeout_s)
         self._model_ready = True
 
+    def wait_for_server(self, timeout_s: float) -> None:
+        """Wait until the server is live and ready; PyTritonClientTimeoutError after `timeout_s`."""
+        self._check_open()
+        probe = _Transport(self._endpoint, _protocol.probe_timeout_s(timeout_s))
+        try:
+            utils.wait_for_server_ready(probe.client, timeout_s, headers=self._headers())
+        finally:
+            probe.close()
+
+    def load_model(self, config: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        """Have the server load (or reload) the model, as under explicit model control: from its repository,
+        or from `config` (the configuration as JSON) and `files` ("file:<path in the model directory>" to
+        content) when given. The repository endpoint may need the client's `access_token`."""
+        self._request(lambda: self._transport.load_model(self._model_name, self._headers(), config, files))
+
+    def unload_model(self) -> None:
+        """Have the server unload the model."""
+        self._request(lambda: self._transport.unload_model(self._model_name, self._headers()))
+
+    def get_lib(self) -> ModuleType:
+        """The tritonclient module of the client's protocol: tritonclient.http or tritonclient.grpc."""
+        return self._transport.module
+
     def infer_sample(
         self,
         *inputs: Any,
@@ -262,15 +312,22 @@ class ModelClient(_protocol.ClientSettings):
         *,
         strip_batch_axis: bool,
     ) -> dict[str, np.ndarray]:
+        result = self._request(
+            lambda: self._transport.infer(config, self._version, arrays, parameters, self._headers(headers))
+        )
+        return _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
+
+    def _request(self, send: Callable[[], _T]) -> _T:
+        """Send a request on the connection; its failure raises the client error for it (a closed
+        client's first)."""
         self._check_open()
         try:
-            result = self._transport.infer(config, self._version, arrays, parameters, self._headers(headers))
+            return send()
         except Exception as error:
             self._check_open()
             raise _protocol.translate_error(
                 error, endpoint=self._endpoint, model_name=self._model_name
             ) from error
-        return _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
 
     @property
     def _version(self) -> str:
@@ -316,8 +373,7 @@ class ModelClient(_protocol.ClientSettings):
         """Poll readiness with a short-timeout connection until ready or `timeout_s` has passed."""
         deadline = time.monotonic() + timeout_s
         last_problem = "no answer yet"
-        probe_timeout = max(0.1, min(_protocol.READINESS_PROBE_TIMEOUT_S, timeout_s))
-        probe = _Transport(self._endpoint, probe_timeout)
+        probe = _Transport(self._endpoint, _protocol.probe_timeout_s(timeout_s))
         try:
             while True:
                 self._check_open()
