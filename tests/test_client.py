@@ -16,7 +16,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import numpy as np
 import pytest
 import tritonclient.grpc
+import tritonclient.grpc.aio
 import tritonclient.http
+import tritonclient.http.aio
 import tritonclient.utils
 from kubetriton.triton_home import locate
 from pytriton.client import (
@@ -36,11 +38,19 @@ from pytriton.client import (
 )
 from pytriton.client import client as client_module
 from pytriton.client._url import parse_url
+from pytriton.client.asyncio_utils import (
+    asyncio_get_model_config,
+    asyncio_get_model_state,
+    asyncio_wait_for_model_ready,
+    asyncio_wait_for_model_status_loaded,
+    asyncio_wait_for_server_ready,
+)
 from pytriton.client.auth import (
     GRPC_ACCESS_TOKEN_HEADER,
     create_auth_headers,
     extract_access_token_from_headers,
 )
+from pytriton.client.utils import ModelState
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy.types import Request
 from pytriton.triton import Triton, TritonConfig
@@ -562,6 +572,36 @@ def test_pytriton_client_client_holds_pytritons_names() -> None:
     assert not issubclass(FuturesModelClient, client_module.BaseModelClient)
     with pytest.raises(AttributeError, match="has no attribute 'AsyncioFuturesModelClient'"):
         client_module.AsyncioFuturesModelClient  # noqa: B018
+
+
+@BOTH_URLS
+def test_pytritons_asyncio_utils_wait_for_and_describe_a_model(triton: Triton, url: str) -> None:
+    protocol = parse_url(url).protocol
+    library = tritonclient.grpc.aio if protocol == "grpc" else tritonclient.http.aio
+    headers = create_auth_headers(triton.get_access_token(), protocol)
+
+    async def scenario() -> None:
+        client = library.InferenceServerClient(parse_url(url).address)
+        refused = library.InferenceServerClient(f"localhost:{REFUSED_PORT}")
+        try:
+            await asyncio.wait_for(asyncio_wait_for_server_ready(client, 0.1), 10)
+            await asyncio_wait_for_model_ready(client, "double", timeout_s=10)
+            assert await asyncio_get_model_state(client, "double", headers=headers) is ModelState.READY
+            assert await asyncio_get_model_state(client, "double", "1", headers=headers) is ModelState.READY
+            assert await asyncio_get_model_state(client, "unknown", headers=headers) is ModelState.UNAVAILABLE
+            config = await asyncio_get_model_config(client, "double", timeout_s=10)
+            assert config.max_batch_size == 8 and [spec.name for spec in config.inputs] == ["x"]
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio_wait_for_model_status_loaded(client, "unknown", 0.05), 0.3)
+            with pytest.raises(PyTritonClientTimeoutError, match=r"model unknown/<latest> to be ready"):
+                await asyncio_wait_for_model_ready(client, "unknown", timeout_s=0.5)
+            with pytest.raises(PyTritonClientTimeoutError, match=r"model double/1 to be ready"):
+                await asyncio_get_model_config(refused, "double", "1", timeout_s=0.5)
+        finally:
+            await client.close()
+            await refused.close()
+
+    asyncio.run(scenario())
 
 
 def test_the_asyncio_clients_name_their_tritonclient_module() -> None:
