@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
+import json
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import numpy as np
 import pytest
+import tritonclient.grpc
+import tritonclient.grpc.aio
 import tritonclient.http
+import tritonclient.http.aio
 import tritonclient.utils
 from kubetriton.triton_home import locate
 from pytriton.client import (
@@ -28,12 +36,21 @@ from pytriton.client import (
     PyTritonClientValueError,
     _protocol,
 )
+from pytriton.client import client as client_module
 from pytriton.client._url import parse_url
+from pytriton.client.asyncio_utils import (
+    asyncio_get_model_config,
+    asyncio_get_model_state,
+    asyncio_wait_for_model_ready,
+    asyncio_wait_for_model_status_loaded,
+    asyncio_wait_for_server_ready,
+)
 from pytriton.client.auth import (
     GRPC_ACCESS_TOKEN_HEADER,
     create_auth_headers,
     extract_access_token_from_headers,
 )
+from pytriton.client.utils import ModelState
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy.types import Request
 from pytriton.triton import Triton, TritonConfig
@@ -69,6 +86,27 @@ def _slow(requests: list[Request]) -> list[dict[str, np.ndarray]]:
     if any(np.any(request["x"] >= 0) for request in requests):
         time.sleep(SLOW_MODEL_S)
     return [{"y": request["x"]} for request in requests]
+
+
+_GATE = threading.Event()
+"""Holds the requests of model "gated" until a test sets it (at most GATE_HELD_S)."""
+GATE_HELD_S = 60.0
+
+
+def _gated(requests: list[Request]) -> list[dict[str, np.ndarray]]:
+    _GATE.wait(GATE_HELD_S)
+    return [{"y": request["x"]} for request in requests]
+
+
+@contextlib.contextmanager
+def _gate_closed() -> Iterator[None]:
+    """Model "gated" holds its requests until the block ends or `_GATE.set()`; name it after the client in
+    a `with` statement, so that the requests are let go before the client waits for them."""
+    _GATE.clear()
+    try:
+        yield
+    finally:
+        _GATE.set()
 
 
 def _headers(requests: list[Request]) -> list[dict[str, np.ndarray]]:
@@ -140,6 +178,7 @@ def triton() -> Iterator[Triton]:
         )
         server.bind("boom", _boom, [_float_tensor("x")], [_float_tensor("y")], config=batching)
         server.bind("slow", _slow, [_float_tensor("x")], [_float_tensor("y")], config=batching)
+        server.bind("gated", _gated, [_float_tensor("x")], [_float_tensor("y")], config=batching)
         server.bind(
             "headers",
             _headers,
@@ -401,8 +440,173 @@ def test_from_existing_client_reuses_the_config(triton: Triton) -> None:
     with ModelClient(GRPC_URL, "double") as first:
         first.infer_sample(np.array([1.0], np.float32))
         with ModelClient.from_existing_client(first) as second:
+            assert (type(second), second.url) == (ModelClient, GRPC_URL)
             assert second.model_config is first.model_config
             np.testing.assert_array_equal(second.infer_sample(np.array([4.0], np.float32))["y"], [8.0])
+    with DecoupledModelClient(GRPC_URL, "stream") as first:
+        assert len(list(first.infer_sample(_floats(2.0)))) == 2
+        with DecoupledModelClient.from_existing_client(first) as second:
+            assert second.model_config is first.model_config
+            assert [result["y"].tolist() for result in second.infer_sample(_floats(2.0))] == [[2.0], [3.0]]
+
+
+@BOTH_URLS
+def test_asyncio_clients_from_existing_client(triton: Triton, url: str) -> None:
+    """The copy is of the class it is called on, with the URL, model, version, timeouts and token of the
+    existing client (asyncio or not) and the configuration it has read."""
+
+    async def scenario() -> None:
+        async with AsyncioModelClient(url, "headers", access_token="t0k") as first:
+            await first.infer_sample(_floats(1.0))
+            async with AsyncioModelClient.from_existing_client(first) as second:
+                assert (type(second), second.url, second.model_name) == (AsyncioModelClient, url, "headers")
+                assert await second.model_config is await first.model_config
+                assert (await second.infer_sample(_floats(1.0)))["token"][0] == b"t0k"
+        with ModelClient(url, "slow", "1", inference_timeout_s=0.3) as synchronous:
+            async with AsyncioModelClient.from_existing_client(synchronous) as copy:
+                assert copy.model_version == "1"
+                with pytest.raises(PyTritonClientTimeoutError):
+                    await copy.infer_sample(_floats(1.0))
+        if url == GRPC_URL:
+            async with AsyncioDecoupledModelClient(url, "stream") as first:
+                assert len([result async for result in first.infer_sample(_floats(2.0))]) == 2
+                async with AsyncioDecoupledModelClient.from_existing_client(first) as second:
+                    assert type(second) is AsyncioDecoupledModelClient
+                    assert await second.model_config is await first.model_config
+                    assert [result["y"].tolist() async for result in second.infer_sample(_floats(2.0))] == [
+                        [2.0],
+                        [3.0],
+                    ]
+
+    asyncio.run(scenario())
+    time.sleep(SLOW_MODEL_S)
+
+
+def test_an_asyncio_copy_of_a_client_with_the_config_skips_the_readiness_wait(triton: Triton) -> None:
+    """A client given the configuration waits for readiness (here in vain: nothing listens); its copy sends
+    the inference at once, which is refused."""
+    with ModelClient(GRPC_URL, "double") as known:
+        config = known.model_config
+
+    async def scenario() -> None:
+        url = f"grpc://localhost:{REFUSED_PORT}"
+        async with AsyncioModelClient(url, "double", init_timeout_s=30, model_config=config) as first:
+            copy = AsyncioModelClient.from_existing_client(first)
+            async with copy:
+                with pytest.raises(PyTritonClientInferenceServerError, match="connection refused") as caught:
+                    await copy.infer_sample(_floats(1.0))
+                assert not isinstance(caught.value, PyTritonClientTimeoutError)
+
+    asyncio.run(scenario())
+
+
+LOADED_CONFIG = json.dumps(
+    {
+        "backend": "python",
+        "max_batch_size": 4,
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+        "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}],
+    }
+)
+
+
+@BOTH_URLS
+def test_model_client_loads_and_unloads_its_model(triton: Triton, url: str) -> None:
+    """A model in no repository, loaded from the configuration and files given, then unloaded; the
+    repository endpoint wants the server's token."""
+    files = {"file:1/model.py": GOOD_MODEL.encode()}
+    with (
+        ModelClient(url, "loaded") as anonymous,
+        pytest.raises(PyTritonClientInferenceServerError, match=r"^Model loaded at .* is restricted"),
+    ):
+        anonymous.load_model(config=LOADED_CONFIG, files=files)
+    with ModelClient(url, "loaded", access_token=triton.get_access_token(), init_timeout_s=30) as client:
+        assert client.get_lib() is (tritonclient.grpc if url == GRPC_URL else tritonclient.http)
+        client.load_model(config=LOADED_CONFIG, files=files)
+        assert client.infer_sample(_floats(1.5))["y"].tolist() == [1.5]
+        client.unload_model()
+        raw = client.get_lib().InferenceServerClient(parse_url(url).address)
+        try:
+            deadline = time.monotonic() + 30
+            while raw.is_model_ready("loaded") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not raw.is_model_ready("loaded")
+        finally:
+            raw.close()
+
+
+def test_model_client_waits_for_the_server(triton: Triton) -> None:
+    with ModelClient(GRPC_URL, "double") as client:
+        assert client.wait_for_server(10) is None
+    with (
+        ModelClient(f"http://localhost:{REFUSED_PORT}", "double") as client,
+        pytest.raises(PyTritonClientTimeoutError, match=r"^Waiting for server to be ready timed out\.$"),
+    ):
+        client.wait_for_server(0.5)
+    with pytest.raises(PyTritonClientClosedError):
+        client.wait_for_server(0.5)
+
+
+def test_pytriton_client_client_holds_pytritons_names() -> None:
+    """Every client, the asyncio ones imported only when asked for, their base and the default inference
+    timeout, where PyTriton has them."""
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "from pytriton.client.client import DEFAULT_INFERENCE_TIMEOUT_S, BaseModelClient, ModelClient\n"
+            "print('aiohttp' in sys.modules, DEFAULT_INFERENCE_TIMEOUT_S)\n"
+            "from pytriton.client.client import AsyncioModelClient, AsyncioDecoupledModelClient\n"
+            "print('aiohttp' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert loaded.split() == ["False", "60.0", "True"]
+    for client in (ModelClient, DecoupledModelClient, AsyncioModelClient, AsyncioDecoupledModelClient):
+        assert getattr(client_module, client.__name__) is client
+        assert issubclass(client, client_module.BaseModelClient)
+    assert client_module.FuturesModelClient is FuturesModelClient
+    assert not issubclass(FuturesModelClient, client_module.BaseModelClient)
+    with pytest.raises(AttributeError, match="has no attribute 'AsyncioFuturesModelClient'"):
+        client_module.AsyncioFuturesModelClient  # noqa: B018
+
+
+@BOTH_URLS
+def test_pytritons_asyncio_utils_wait_for_and_describe_a_model(triton: Triton, url: str) -> None:
+    protocol = parse_url(url).protocol
+    library = tritonclient.grpc.aio if protocol == "grpc" else tritonclient.http.aio
+    headers = create_auth_headers(triton.get_access_token(), protocol)
+
+    async def scenario() -> None:
+        client = library.InferenceServerClient(parse_url(url).address)
+        refused = library.InferenceServerClient(f"localhost:{REFUSED_PORT}")
+        try:
+            await asyncio.wait_for(asyncio_wait_for_server_ready(client, 0.1), 10)
+            await asyncio_wait_for_model_ready(client, "double", timeout_s=10)
+            assert await asyncio_get_model_state(client, "double", headers=headers) is ModelState.READY
+            assert await asyncio_get_model_state(client, "double", "1", headers=headers) is ModelState.READY
+            assert await asyncio_get_model_state(client, "unknown", headers=headers) is ModelState.UNAVAILABLE
+            config = await asyncio_get_model_config(client, "double", timeout_s=10)
+            assert config.max_batch_size == 8 and [spec.name for spec in config.inputs] == ["x"]
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio_wait_for_model_status_loaded(client, "unknown", 0.05), 0.3)
+            with pytest.raises(PyTritonClientTimeoutError, match=r"model unknown/<latest> to be ready"):
+                await asyncio_wait_for_model_ready(client, "unknown", timeout_s=0.5)
+            with pytest.raises(PyTritonClientTimeoutError, match=r"model double/1 to be ready"):
+                await asyncio_get_model_config(refused, "double", "1", timeout_s=0.5)
+        finally:
+            await client.close()
+            await refused.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_asyncio_clients_name_their_tritonclient_module() -> None:
+    assert AsyncioModelClient(HTTP_URL, "double").get_lib() is tritonclient.http.aio
+    assert AsyncioDecoupledModelClient(GRPC_URL, "stream").get_lib() is tritonclient.grpc.aio
 
 
 def _floats(*values: float) -> np.ndarray:
@@ -553,7 +757,7 @@ def test_futures_client_close_without_waiting(triton: Triton) -> None:
     assert client._clients == []
 
 
-def test_futures_client_runs_requests_in_parallel_and_bounds_the_queue(triton: Triton) -> None:
+def test_futures_client_runs_requests_in_parallel(triton: Triton) -> None:
     with FuturesModelClient(GRPC_URL, "slow", max_workers=3) as client:
         client.wait_for_model(30).result()
         started = time.monotonic()
@@ -561,11 +765,64 @@ def test_futures_client_runs_requests_in_parallel_and_bounds_the_queue(triton: T
         concurrent.futures.wait(futures, timeout=30)
         assert all(future.result()["y"].tolist() == [1.0] for future in futures)
         assert time.monotonic() - started < 2.5 * SLOW_MODEL_S
-    with FuturesModelClient(GRPC_URL, "slow", max_workers=1, non_blocking=True) as client:
-        running = client.infer_sample(_floats(1.0))
-        with pytest.raises(PyTritonClientQueueFullError):
+
+
+def test_futures_client_queues_max_queue_size_requests_beyond_its_workers(triton: Triton) -> None:
+    with (
+        FuturesModelClient(GRPC_URL, "gated", max_workers=1, max_queue_size=2, non_blocking=True) as client,
+        _gate_closed(),
+    ):
+        held = [client.infer_sample(_floats(float(value))) for value in range(3)]
+        with pytest.raises(PyTritonClientQueueFullError, match="Queue is full: 2 requests"):
+            client.infer_sample(_floats(3.0))
+        _GATE.set()
+        assert [future.result(timeout=30)["y"].tolist() for future in held] == [[0.0], [1.0], [2.0]]
+        assert client.infer_sample(_floats(4.0)).result(timeout=30)["y"].tolist() == [4.0]
+
+
+def test_futures_client_defaults_to_128_threads_and_128_queued_requests(triton: Triton) -> None:
+    with FuturesModelClient(GRPC_URL, "gated", non_blocking=True) as client, _gate_closed():
+        held = [client.infer_sample(_floats(float(value))) for value in range(256)]
+        with pytest.raises(PyTritonClientQueueFullError, match=r"128 requests .* one of 128 threads"):
             client.infer_sample(_floats(1.0))
-        assert running.result(timeout=30)["y"].tolist() == [1.0]
+        _GATE.set()
+        assert [future.result(timeout=60)["y"][0] for future in held] == list(range(256))
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"max_workers": 1, "max_queue_size": None}, {"max_workers": None, "max_queue_size": 1}],
+    ids=["unbounded-queue", "unbounded-threads"],
+)
+def test_futures_client_without_a_limit_refuses_nothing(
+    triton: Triton, limits: dict[str, int | None]
+) -> None:
+    with FuturesModelClient(GRPC_URL, "gated", non_blocking=True, **limits) as client, _gate_closed():
+        held = [client.infer_sample(_floats(float(value))) for value in range(20)]
+        _GATE.set()
+        assert [future.result(timeout=60)["y"][0] for future in held] == list(range(20))
+
+
+def test_a_submission_waits_for_room_at_most_the_inference_timeout(triton: Triton) -> None:
+    """Two readiness waits for a model that never loads fill one thread and a queue of one; a third request
+    waits `inference_timeout_s` for room and is refused."""
+    client = FuturesModelClient(GRPC_URL, "absent", max_workers=1, max_queue_size=1, inference_timeout_s=0.3)
+    try:
+        client.wait_for_model(10)
+        queued = client.wait_for_model(10)
+        started = time.monotonic()
+        with pytest.raises(PyTritonClientQueueFullError, match=r"none left within 0\.3 s"):
+            client.infer_sample(_floats(1.0))
+        assert time.monotonic() - started >= 0.3
+    finally:
+        client.close(wait=False)
+    assert queued.cancelled()
+
+
+@pytest.mark.parametrize("limit", ["max_workers", "max_queue_size"])
+def test_futures_client_limits_below_one_raise_value_error(limit: str) -> None:
+    with pytest.raises(ValueError, match=f"^{limit} must be greater than 0$"):
+        FuturesModelClient(GRPC_URL, "double", **{limit: 0})
 
 
 @BOTH_URLS

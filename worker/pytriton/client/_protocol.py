@@ -1,5 +1,6 @@
-"""What every client kind shares: URL parsing, turning call arguments into Triton tensors and results back
-into arrays, and translating tritonclient and socket failures into the PyTriton client errors.
+"""What every client kind shares: its address and settings (and the copy `from_existing_client` makes of
+them), turning call arguments into Triton tensors and results back into arrays, and translating
+tritonclient and socket failures into the PyTriton client errors.
 
 Error policy: a timeout (HTTP network timeout, gRPC deadline) raises PyTritonClientTimeoutError; a server
 that cannot be reached (connection refused, gRPC UNAVAILABLE) raises PyTritonClientInferenceServerError
@@ -14,7 +15,7 @@ import itertools
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -62,6 +63,40 @@ class ModelAddress:
     @property
     def model_version(self) -> str | None:
         return self._model_version
+
+
+_Client = TypeVar("_Client", bound="BaseModelClient")
+
+
+class BaseModelClient(ModelAddress):
+    """The base of the clients of one model over one connection (not FuturesModelClient), under PyTriton's
+    name: what such a client is given besides its address, which `from_existing_client` hands on."""
+
+    _init_timeout_s: float
+    _inference_timeout_s: float
+    _model_config: TritonModelConfig | None
+    _access_token: str | None
+
+    @classmethod
+    def from_existing_client(cls: type[_Client], existing_client: BaseModelClient) -> _Client:
+        """A new client of this class for the same model, with the existing client's URL, timeouts and
+        token. It takes the configuration the existing one has read and then skips the readiness wait."""
+        config = existing_client._model_config
+        return cls(
+            existing_client.url,
+            existing_client.model_name,
+            existing_client.model_version,
+            init_timeout_s=existing_client._init_timeout_s,
+            inference_timeout_s=existing_client._inference_timeout_s,
+            model_config=config,
+            ensure_model_is_ready=config is None,
+            access_token=existing_client._access_token,
+        )
+
+
+def probe_timeout_s(wait_s: float) -> float:
+    """The bound on each readiness probe of a wait of `wait_s`."""
+    return max(0.1, min(READINESS_PROBE_TIMEOUT_S, wait_s))
 
 
 def new_request_id() -> str:
@@ -206,6 +241,13 @@ def _is_timeout(error: BaseException) -> bool:
     return isinstance(error, (TimeoutError, socket.timeout, asyncio.TimeoutError))
 
 
+def _is_unreachable(unavailable: bool, message: str) -> bool:
+    """Whether a gRPC UNAVAILABLE status means the server was not reached: Triton answers with the same
+    status a request that lacks the header of a restricted endpoint ("This protocol is restricted,
+    expecting header ...")."""
+    return unavailable and "is restricted, expecting header" not in message
+
+
 def translate_error(error: BaseException, *, endpoint: Endpoint, model_name: str) -> PyTritonClientError:
     """The client error for a tritonclient, gRPC or socket failure (see the module docstring)."""
     if isinstance(error, PyTritonClientError):
@@ -217,7 +259,7 @@ def translate_error(error: BaseException, *, endpoint: Endpoint, model_name: str
             return PyTritonClientTimeoutError(
                 f"Model {model_name} at {endpoint.url} did not answer in time: {message}"
             )
-        if "UNAVAILABLE" in status:
+        if _is_unreachable("UNAVAILABLE" in status, message):
             return PyTritonClientInferenceServerError(
                 f"connection refused: cannot reach Triton at {endpoint.url}: {message}"
             )
@@ -229,7 +271,7 @@ def translate_error(error: BaseException, *, endpoint: Endpoint, model_name: str
             return PyTritonClientTimeoutError(
                 f"Model {model_name} at {endpoint.url} did not answer in time: {details}"
             )
-        if code == grpc.StatusCode.UNAVAILABLE:
+        if _is_unreachable(code == grpc.StatusCode.UNAVAILABLE, details):
             return PyTritonClientInferenceServerError(
                 f"connection refused: cannot reach Triton at {endpoint.url}: {details}"
             )
@@ -252,7 +294,8 @@ def translate_error(error: BaseException, *, endpoint: Endpoint, model_name: str
 def describe_probe_failure(error: BaseException, endpoint: Endpoint) -> str:
     """One line for the readiness wait's timeout message."""
     if _is_connection_refused(error) or (
-        isinstance(error, InferenceServerException) and "UNAVAILABLE" in str(error.status() or "")
+        isinstance(error, InferenceServerException)
+        and _is_unreachable("UNAVAILABLE" in str(error.status() or ""), error.message() or str(error))
     ):
         return f"connection refused at {endpoint.url}"
     if _is_timeout(error):

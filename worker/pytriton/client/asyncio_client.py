@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping
+from types import ModuleType
 from typing import Any, TypeVar
 
 import numpy as np
@@ -20,6 +21,7 @@ import tritonclient.http
 import tritonclient.http.aio
 
 from pytriton.client import _protocol
+from pytriton.client._protocol import BaseModelClient
 from pytriton.client._url import parse_url
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
@@ -34,7 +36,7 @@ from pytriton.client.triton_model_config import TritonModelConfig
 _T = TypeVar("_T")
 
 
-class AsyncioModelClient(_protocol.ModelAddress):
+class AsyncioModelClient(BaseModelClient):
     """asyncio client of one model on a Triton server; see ModelClient for the waiting, timeout and error
     rules. Use `async with`, or `await close()`. With `lazy_init=False`, entering the context waits for
     the model and reads its configuration."""
@@ -131,6 +133,10 @@ class AsyncioModelClient(_protocol.ModelAddress):
         """Infer a batch: the first axis of every input is the batch axis."""
         config, arrays = await self._prepare(inputs, named_inputs, batch=True)
         return await self._infer(config, arrays, parameters, headers, strip_batch_axis=False)
+
+    def get_lib(self) -> ModuleType:
+        """The tritonclient module of the client's protocol: tritonclient.http.aio or .grpc.aio."""
+        return tritonclient.grpc.aio if self._is_grpc else tritonclient.http.aio
 
     @property
     def _is_grpc(self) -> bool:
@@ -278,7 +284,7 @@ class AsyncioModelClient(_protocol.ModelAddress):
 
     async def _wait_until_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        probe_timeout = max(0.1, min(_protocol.READINESS_PROBE_TIMEOUT_S, timeout_s))
+        probe_timeout = _protocol.probe_timeout_s(timeout_s)
         last_problem = "no answer yet"
         while True:
             try:

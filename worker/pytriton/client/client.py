@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import os
+import importlib
 import queue
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping
+from types import ModuleType
 from typing import Any, TypeVar
 
 import numpy as np
 import tritonclient.grpc
 import tritonclient.http
 
-from pytriton.client import _protocol
+from pytriton.client import _protocol, utils
+from pytriton.client._protocol import BaseModelClient
 from pytriton.client._url import Endpoint, parse_url
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
@@ -36,8 +39,21 @@ from pytriton.client.exceptions import (
 )
 from pytriton.client.triton_model_config import TritonModelConfig
 
+DEFAULT_INFERENCE_TIMEOUT_S = _protocol.DEFAULT_INFERENCE_TIMEOUT_S
+"""The default of `inference_timeout_s`, under the name and in the module where PyTriton has it."""
 _T = TypeVar("_T")
 _SLOT_POLL_S = 0.1
+_UNLIMITED_THREADS = sys.maxsize
+"""A thread pool of this size starts a thread whenever a request finds none idle: PyTriton's meaning of
+`max_workers=None`."""
+
+
+def __getattr__(name: str) -> Any:
+    """PyTriton keeps its asyncio clients in this module too; they are imported from `asyncio_client` only
+    when asked for, so that the blocking clients never import asyncio's HTTP stack."""
+    if name in ("AsyncioModelClient", "AsyncioDecoupledModelClient"):
+        return getattr(importlib.import_module("pytriton.client.asyncio_client"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _Transport:
@@ -111,10 +127,7 @@ class _Transport:
         headers: dict[str, str],
     ) -> Any:
         binary = not self.is_grpc
-        if binary and self._stale():
-            self.client.close()
-            self.client = self._connect()
-        return self.client.infer(
+        return self._current().infer(
             config.model_name,
             _protocol.triton_inputs(self.module, arrays, binary=binary),
             model_version=model_version,
@@ -124,6 +137,23 @@ class _Transport:
             parameters=dict(parameters) if parameters else None,
             **self._timeout_kwargs(),
         )
+
+    def load_model(
+        self, model_name: str, headers: dict[str, str], config: str | None, files: dict[str, bytes] | None
+    ) -> None:
+        self._current().load_model(
+            model_name, headers=headers, config=config, files=files, **self._timeout_kwargs()
+        )
+
+    def unload_model(self, model_name: str, headers: dict[str, str]) -> None:
+        self._current().unload_model(model_name, headers=headers, **self._timeout_kwargs())
+
+    def _current(self) -> Any:
+        """The connection, replaced first when it is a stale HTTP one."""
+        if not self.is_grpc and self._stale():
+            self.client.close()
+            self.client = self._connect()
+        return self.client
 
     def _stale(self) -> bool:
         """Whether the HTTP connection must be replaced before the next request: it is older than
@@ -136,7 +166,7 @@ class _Transport:
         self.client.close()
 
 
-class ModelClient(_protocol.ModelAddress):
+class ModelClient(BaseModelClient):
     """Synchronous client of one model on a Triton server.
 
     The first call that needs the model waits for the server and the model to be ready (at most
@@ -185,21 +215,6 @@ class ModelClient(_protocol.ModelAddress):
                 self.close()
                 raise
 
-    @classmethod
-    def from_existing_client(cls, existing_client: ModelClient) -> ModelClient:
-        """A new client for the same model, reusing the configuration the existing one already read."""
-        config = existing_client._model_config
-        return cls(
-            existing_client._endpoint.url,
-            existing_client._model_name,
-            existing_client._model_version,
-            init_timeout_s=existing_client._init_timeout_s,
-            inference_timeout_s=existing_client._inference_timeout_s,
-            model_config=config,
-            ensure_model_is_ready=config is None,
-            access_token=existing_client._access_token,
-        )
-
     def __enter__(self) -> ModelClient:
         return self
 
@@ -229,6 +244,29 @@ class ModelClient(_protocol.ModelAddress):
         self._check_open()
         self._wait_until_ready(timeout_s)
         self._model_ready = True
+
+    def wait_for_server(self, timeout_s: float) -> None:
+        """Wait until the server is live and ready; PyTritonClientTimeoutError after `timeout_s`."""
+        self._check_open()
+        probe = _Transport(self._endpoint, _protocol.probe_timeout_s(timeout_s))
+        try:
+            utils.wait_for_server_ready(probe.client, timeout_s, headers=self._headers())
+        finally:
+            probe.close()
+
+    def load_model(self, config: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        """Have the server load (or reload) the model, as under explicit model control: from its repository,
+        or from `config` (the configuration as JSON) and `files` ("file:<path in the model directory>" to
+        content) when given. The repository endpoint may need the client's `access_token`."""
+        self._request(lambda: self._transport.load_model(self._model_name, self._headers(), config, files))
+
+    def unload_model(self) -> None:
+        """Have the server unload the model."""
+        self._request(lambda: self._transport.unload_model(self._model_name, self._headers()))
+
+    def get_lib(self) -> ModuleType:
+        """The tritonclient module of the client's protocol: tritonclient.http or tritonclient.grpc."""
+        return self._transport.module
 
     def infer_sample(
         self,
@@ -274,15 +312,22 @@ class ModelClient(_protocol.ModelAddress):
         *,
         strip_batch_axis: bool,
     ) -> dict[str, np.ndarray]:
+        result = self._request(
+            lambda: self._transport.infer(config, self._version, arrays, parameters, self._headers(headers))
+        )
+        return _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
+
+    def _request(self, send: Callable[[], _T]) -> _T:
+        """Send a request on the connection; its failure raises the client error for it (a closed
+        client's first)."""
         self._check_open()
         try:
-            result = self._transport.infer(config, self._version, arrays, parameters, self._headers(headers))
+            return send()
         except Exception as error:
             self._check_open()
             raise _protocol.translate_error(
                 error, endpoint=self._endpoint, model_name=self._model_name
             ) from error
-        return _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
 
     @property
     def _version(self) -> str:
@@ -328,8 +373,7 @@ class ModelClient(_protocol.ModelAddress):
         """Poll readiness with a short-timeout connection until ready or `timeout_s` has passed."""
         deadline = time.monotonic() + timeout_s
         last_problem = "no answer yet"
-        probe_timeout = max(0.1, min(_protocol.READINESS_PROBE_TIMEOUT_S, timeout_s))
-        probe = _Transport(self._endpoint, probe_timeout)
+        probe = _Transport(self._endpoint, _protocol.probe_timeout_s(timeout_s))
         try:
             while True:
                 self._check_open()
@@ -563,9 +607,10 @@ class FuturesModelClient(_protocol.ModelAddress):
     """Runs requests on a thread pool and returns `concurrent.futures.Future` objects.
 
     Each worker thread has its own ModelClient (tritonclient connections are not shared between threads);
-    the configuration read by the first one is reused by the others. At most `max_workers` requests are
-    queued or running: further submissions block, or raise PyTritonClientQueueFullError when
-    `non_blocking=True`.
+    the configuration read by the first one is reused by the others. At most `max_workers` requests run
+    and `max_queue_size` more wait for a thread (None: no limit). A submission that finds the queue full
+    waits for room; it raises PyTritonClientQueueFullError at once when `non_blocking=True`, or once
+    `inference_timeout_s` has passed when that is given.
     """
 
     def __init__(
@@ -574,7 +619,8 @@ class FuturesModelClient(_protocol.ModelAddress):
         model_name: str,
         model_version: str | None = None,
         *,
-        max_workers: int | None = None,
+        max_workers: int | None = 128,
+        max_queue_size: int | None = 128,
         non_blocking: bool = False,
         init_timeout_s: float | None = None,
         inference_timeout_s: float | None = None,
@@ -583,7 +629,9 @@ class FuturesModelClient(_protocol.ModelAddress):
         access_token: str | None = None,
     ) -> None:
         if max_workers is not None and max_workers < 1:
-            raise PyTritonClientValueError(f"max_workers must be at least 1, not {max_workers}")
+            raise ValueError("max_workers must be greater than 0")
+        if max_queue_size is not None and max_queue_size < 1:
+            raise ValueError("max_queue_size must be greater than 0")
         self._endpoint = parse_url(url)
         self._model_name = model_name
         self._model_version = model_version
@@ -592,11 +640,18 @@ class FuturesModelClient(_protocol.ModelAddress):
         self._model_config = TritonModelConfig.of(model_config)
         self._model_ready = not ensure_model_is_ready
         self._access_token = access_token
-        self._max_workers = max_workers or min(32, (os.cpu_count() or 1) + 4)
+        self._max_workers = max_workers
+        self._max_queue_size = max_queue_size
         self._non_blocking = non_blocking
-        self._slots = threading.BoundedSemaphore(self._max_workers)
+        self._slots = (
+            None
+            if max_workers is None or max_queue_size is None
+            else threading.BoundedSemaphore(max_workers + max_queue_size)
+        )
+        """Room for the requests running or waiting; None when either is unbounded (with threads without
+        limit, no request ever waits for one)."""
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            self._max_workers, thread_name_prefix=f"pytriton-client-{model_name}"
+            max_workers or _UNLIMITED_THREADS, thread_name_prefix=f"pytriton-client-{model_name}"
         )
         self._local = threading.local()
         self._clients: list[ModelClient] = []
@@ -668,22 +723,44 @@ class FuturesModelClient(_protocol.ModelAddress):
 
     def _submit(self, call: Callable[[ModelClient], _T]) -> concurrent.futures.Future[_T]:
         self._check_open()
-        if self._non_blocking:
-            if not self._slots.acquire(blocking=False):
-                raise PyTritonClientQueueFullError(
-                    f"{self._max_workers} requests to model {self._model_name} are already queued or running"
-                )
-        else:
-            while not self._slots.acquire(timeout=_SLOT_POLL_S):
-                self._check_open()
+        slots = self._slots
+        if slots is None:
+            return self._executor.submit(self._run, call)
+        self._take_slot(slots)
         try:
             self._check_open()
             future = self._executor.submit(self._run, call)
         except BaseException:
-            self._slots.release()
+            slots.release()
             raise
-        future.add_done_callback(lambda _: self._slots.release())
+        future.add_done_callback(lambda _: slots.release())
         return future
+
+    def _take_slot(self, slots: threading.BoundedSemaphore) -> None:
+        """Wait for room for one more request: not at all with `non_blocking`, at most
+        `inference_timeout_s` when given, and only while the client is open."""
+        if self._non_blocking:
+            if not slots.acquire(blocking=False):
+                raise self._queue_full()
+            return
+        timeout_s = self._inference_timeout_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            remaining = _SLOT_POLL_S if deadline is None else min(_SLOT_POLL_S, deadline - time.monotonic())
+            if slots.acquire(timeout=max(0.0, remaining)):
+                return
+            self._check_open()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise self._queue_full(waited_s=timeout_s)
+
+    def _queue_full(self, waited_s: float | None = None) -> PyTritonClientQueueFullError:
+        message = (
+            f"Queue is full: {self._max_queue_size} requests to model {self._model_name} wait for one of "
+            f"{self._max_workers} threads"
+        )
+        if waited_s is not None:
+            message += f", and none left within {waited_s:g} s"
+        return PyTritonClientQueueFullError(message)
 
     def _run(self, call: Callable[[ModelClient], _T]) -> _T:
         client = getattr(self._local, "client", None)

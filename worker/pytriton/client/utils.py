@@ -76,7 +76,12 @@ def get_model_state(
 ) -> ModelState:
     """The state of a version of the model, or of its latest version (the greatest number) without one;
     UNAVAILABLE when the index does not list it."""
-    index = client.get_model_repository_index(headers=headers)
+    return _state_in_index(client.get_model_repository_index(headers=headers), model_name, model_version)
+
+
+def _state_in_index(index: Any, model_name: str, model_version: str | None) -> ModelState:
+    """`get_model_state` of a repository index as either client returns it (HTTP: a list of dicts, gRPC:
+    a protobuf message)."""
     states = parse_http_response(index) if isinstance(index, list) else parse_grpc_response(index.models)
     if model_version is not None:
         return states.get((model_name, model_version), ModelState.UNAVAILABLE)
