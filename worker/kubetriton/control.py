@@ -2,12 +2,12 @@
 models, log and trace settings.
 
 One object per Triton, over HTTP, or over gRPC when the server's HTTP endpoint is off (`allow_http=False`)
-or when a remote Triton was given by a gRPC URL. Only gRPC needs tritonclient, imported on first use: a
-worker in a pod talks HTTP to its sidecar, and its image need not have tritonclient. Every request carries
-two secrets: the repository token that opens Triton's model-repository API, which only kubetriton holds,
-and the access token of the user's `TritonSecurityConfig`, which opens the other restricted endpoints
-(health, logging, trace, ...). Over gRPC, Triton reads a restricted key from metadata named
-`triton-grpc-protocol-<key>`.
+or when a remote Triton was given by a gRPC URL. Only gRPC needs tritonclient (kubetriton's client extra),
+imported on first use: a worker in a pod talks HTTP to its sidecar, and its image need not have it. Every
+request carries two secrets: the repository token that opens Triton's model-repository API, which only
+kubetriton holds, and the access token of the user's `TritonSecurityConfig`, which opens the other
+restricted endpoints (health, logging, trace, ...). Over gRPC, Triton reads a restricted key from
+metadata named `triton-grpc-protocol-<key>`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 from pytriton.client._url import parse_url
 from pytriton.exceptions import PyTritonModelConfigError, PyTritonRuntimeError
 
+from kubetriton.extras import CLIENT, needed
 from kubetriton.podenv import ACCESS_TOKEN_HEADER, GRPC_RESTRICTED_PREFIX, REPOSITORY_TOKEN_HEADER
 
 LIVENESS_POLL_S = 0.05
@@ -60,7 +61,8 @@ class TritonControl:
 
     def _client(self) -> Any:
         if self._grpc_client is None:
-            import tritonclient.grpc
+            with needed(CLIENT, f"Managing Triton over gRPC ({self.url})"):
+                import tritonclient.grpc
 
             self._grpc_client = tritonclient.grpc.InferenceServerClient(
                 self._endpoint.address, ssl=self._endpoint.ssl
