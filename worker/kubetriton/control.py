@@ -7,7 +7,8 @@ imported on first use: a worker in a pod talks HTTP to its sidecar, and its imag
 request carries two secrets: the repository token that opens Triton's model-repository API, which only
 kubetriton holds, and the access token of the user's `TritonSecurityConfig`, which opens the other
 restricted endpoints (health, logging, trace, ...). Over gRPC, Triton reads a restricted key from
-metadata named `triton-grpc-protocol-<key>`.
+metadata named `triton-grpc-protocol-<key>`. HTTP requests go straight to the server, never through a
+proxy that $http_proxy names: the Triton that kubetriton manages shares its machine (and /dev/shm).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ LIVENESS_POLL_S = 0.05
 PROBE_TIMEOUT_S = 2.0
 REPOSITORY_TIMEOUT_S = 300.0
 """Loading a model starts a Python-backend stub per instance, which a busy machine can make slow."""
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _is_server_error(error: Exception) -> bool:
@@ -82,7 +84,7 @@ class TritonControl:
             method=method,
             headers={**self._headers(), "Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with _DIRECT.open(request, timeout=timeout_s) as response:
             payload = response.read()
         return json.loads(payload) if payload else None
 
