@@ -16,6 +16,7 @@ from kubetriton.extras import MissingExtraError, needed
 from tests.test_seeds import SeedServer
 
 REPO = Path(__file__).resolve().parents[1]
+MODEL_YAML = REPO / "examples" / "identity" / "model.yaml"
 
 
 def readme_quickstart() -> str:
@@ -102,6 +103,20 @@ def test_a_cluster_command_without_its_extra_names_it(command: str, args: list[s
     assert refused.stderr.endswith(
         ", which kubetriton's cluster extra installs: pip install 'kubetriton[cluster]'\n"
     )
+
+
+def test_the_cluster_commands_need_the_base_requirements_and_the_cluster_extra_only(tmp_path: Path):
+    """What the operator image has: `kubetriton[cluster]`."""
+    rendered = base_install("--with", "cluster", "-m", "kubetriton.cli", "render", str(MODEL_YAML))
+    assert rendered.returncode == 0, rendered.stderr
+    assert "kind: Deployment" in rendered.stdout
+    script = REPO / "examples" / "identity" / "serve.py"
+    deploy = ["deploy", str(script), "--image", "worker:1", "--dry-run=client", "-o", "yaml"]
+    planned = base_install("--with", "cluster", "-m", "kubetriton.cli", *deploy)
+    assert planned.returncode == 0, planned.stderr
+    assert "kind: PyTritonModel" in planned.stdout
+    started = base_install("--with", "cluster", "-c", "from kubetriton.operator import runtime, main")
+    assert started.returncode == 0, started.stderr
 
 
 def test_a_missing_module_of_kubetriton_itself_is_not_blamed_on_an_extra():
