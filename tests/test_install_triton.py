@@ -25,6 +25,7 @@ from kubetriton.triton_home import (
     SERVER_SUBDIR,
     STUBS_BY_VERSION,
     WHEEL_REQUIREMENT,
+    find_server,
     unused_files,
 )
 
@@ -156,10 +157,11 @@ def without_ensurepip(target: Path) -> Path:
     return python
 
 
-def install_triton(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
+def install_triton(*args: str, cache: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`kubetriton install-triton` offline, installing into `cache`."""
     return subprocess.run(
         [str(Path(sys.executable).parent / "kubetriton"), "install-triton", *args],
-        env={**os.environ, **OFFLINE, "XDG_CACHE_HOME": str(cache)},
+        env={**os.environ, **OFFLINE, "XDG_CACHE_HOME": str(cache), **env},
         capture_output=True,
         text=True,
         timeout=600,
@@ -214,3 +216,14 @@ def test_a_folder_without_the_stubs_wheels_is_named_with_what_to_put_there(wheel
     assert not (tmp_path / "cache" / "kubetriton" / "tritonserver-2.51.0").exists(), (
         "a failed install leaves nothing"
     )
+
+
+def test_with_a_triton_of_its_own_only_the_stubs_environment_is_provisioned(wheel: Path, tmp_path: Path):
+    """KUBETRITON_TRITON_HOME (or a Triton container's /opt/tritonserver) needs no private copy."""
+    server, _ = find_server()
+    cache = tmp_path / "cache"
+    installed = install_triton("--from", str(wheel.parent), cache=cache, KUBETRITON_TRITON_HOME=str(server))
+    assert installed.returncode == 0, installed.stderr
+    root = cache / "kubetriton" / "tritonserver-2.51.0"
+    assert sorted(path.name for path in root.iterdir()) == ["stub-python"]
+    assert (root / "stub-python" / "kubetriton-stub-python.json").is_file()
