@@ -24,9 +24,10 @@ from kubetriton.podenv import REPOSITORY_TOKEN_HEADER
 from kubetriton.server import LocalTritonServer
 from kubetriton.triton_home import TritonHome
 
-TEST_PORTS = range(20000, 32768)
+TEST_PORTS = range(20000, 30000)
 """Below the kernel's ephemeral range (32768-60999 by default), from which every outgoing connection on the
-machine takes its local port: a port picked there may be taken before the server under test listens."""
+machine takes its local port (a port picked there may be taken before the server under test listens), and
+below Kubernetes' NodePorts (30000-32767), which a local cluster's kube-proxy may hold."""
 PORT_CLAIMS = Path(tempfile.gettempdir()) / f"kubetriton-test-ports-{os.getuid()}"
 _claimed: list[int] = []
 """Descriptors of the claim files this process holds, until it exits."""
@@ -203,7 +204,7 @@ class ServicePort:
                     if sock is client:
                         with self._lock:
                             self.bytes_to[backend] = self.bytes_to.get(backend, 0) + len(data)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: `close` closed a socket of this pair meanwhile
             return
         finally:
             for sock in peers:
