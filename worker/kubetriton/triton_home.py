@@ -238,8 +238,7 @@ def unused_files(stub_versions_present: Iterable[str], libraries: Iterable[str],
 
 
 def keep_only_what_runs(root: Path, version: str) -> None:
-    """Remove from the private copy at `root` what the stub for `version` does not use (a copy installed
-    by an earlier kubetriton kept all of it). No running server has any of it open."""
+    """Remove from the wheel's files at `root` what the stub for `version` does not use."""
     server = root / SERVER_SUBDIR
     libraries = [path.name for path in (root / LIBRARIES_SUBDIR).iterdir()]
     for relative in unused_files(stub_versions(server), libraries, version):
@@ -262,8 +261,9 @@ def installed_stub_python() -> StubPython | None:
 def install(source: WheelSource, requested: str | None = None) -> StubPython:
     """The stub's environment, for the Triton that local mode will use. Where that is not the private copy
     (an explicit installation, a Triton container), only the environment is provisioned. The private copy
-    and its environment are kept when they are there and no other interpreter is requested, otherwise
-    installed afresh from the wheel, keeping only what runs."""
+    and its environment are kept as they are when they are there and no other interpreter is requested
+    (a copy that an earlier kubetriton installed whole is left whole: other tools may read its other
+    stubs), otherwise installed afresh from the wheel, keeping only what runs."""
     external = external_server()
     if external is not None:
         try:
@@ -273,7 +273,6 @@ def install(source: WheelSource, requested: str | None = None) -> StubPython:
     root = private_root()
     current = None if requested else installed_stub_python()
     if current is not None:
-        keep_only_what_runs(root, current.version)
         link_python_backend(root / SERVER_SUBDIR, current)
         return current
     root.parent.mkdir(parents=True, exist_ok=True)
