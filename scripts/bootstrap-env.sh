@@ -4,11 +4,13 @@
 #   bootstrap-env.sh          .venv: NumPy 1.x, then the project and its test tools, on Python 3.12 (Helm's
 #                             Python bindings need >= 3.12; PYTHON may name another interpreter); then
 #                             `kubetriton install-triton` installs the local tritonserver and provisions
-#                             the Python its Python-backend stub runs on, whatever the worker's is;
-#                             and promtool, for the chart's alert rules, where apt-get can install it.
+#                             the Python its Python-backend stub runs on, whatever the worker's is.
 #   bootstrap-env.sh numpy2   .venv-numpy2: a worker environment made as a user with NumPy 2 makes one,
 #                             numpy>=2 first and then the project, which must keep it; on Python 3.13
 #                             when there is one (NUMPY2_PYTHON may name another interpreter).
+#
+# Nothing is written outside this folder and the user's cache (~/.cache: pip's, kubetriton's Triton), and
+# nothing needs root. Tests that need a tool this does not install (promtool) skip, saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,12 +53,6 @@ case "${1:-}" in
     fi
     install_project .venv 'numpy>=1.24,<2'
     .venv/bin/kubetriton install-triton
-    # promtool (Debian's prometheus package) checks the chart's alert rules and dashboard queries; where
-    # it cannot be installed (no root, no apt), those tests say so and skip.
-    if ! command -v promtool >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        prometheus >/dev/null
-    fi
     ;;
   numpy2)
     if [ ! -x .venv-numpy2/bin/python ]; then

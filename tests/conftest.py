@@ -5,10 +5,14 @@ a server."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
+import random
 import select
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,19 +24,43 @@ from kubetriton.podenv import REPOSITORY_TOKEN_HEADER
 from kubetriton.server import LocalTritonServer
 from kubetriton.triton_home import TritonHome
 
+TEST_PORTS = range(20000, 30000)
+"""Below the kernel's ephemeral range (32768-60999 by default), from which every outgoing connection on the
+machine takes its local port (a port picked there may be taken before the server under test listens), and
+below Kubernetes' NodePorts (30000-32767), which a local cluster's kube-proxy may hold."""
+PORT_CLAIMS = Path(tempfile.gettempdir()) / f"kubetriton-test-ports-{os.getuid()}"
+_claimed: list[int] = []
+"""Descriptors of the claim files this process holds, until it exits."""
+
+
+def _claim(port: int) -> bool:
+    """Whether `port` is now this process's: no other test process claimed it, and nothing listens there."""
+    fd = os.open(PORT_CLAIMS / str(port), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with socket.socket() as probe:
+            probe.bind(("", port))
+    except OSError:
+        os.close(fd)
+        return False
+    _claimed.append(fd)
+    return True
+
 
 def free_ports(count: int) -> list[int]:
-    """Ports nothing listens on right now (bound and released at once; good enough on a test box)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """Ports for the servers a test starts, free now and kept from other test processes on this machine
+    (each claimed by a lock on a file named for it, held for the rest of this process), and outside the
+    range outgoing connections take theirs from."""
+    PORT_CLAIMS.mkdir(exist_ok=True)
+    start = random.randrange(len(TEST_PORTS))
+    found: list[int] = []
+    for offset in range(len(TEST_PORTS)):
+        port = TEST_PORTS[(start + offset) % len(TEST_PORTS)]
+        if _claim(port):
+            found.append(port)
+            if len(found) == count:
+                return found
+    raise RuntimeError(f"no {count} free ports in {TEST_PORTS}")
 
 
 def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
@@ -176,7 +204,7 @@ class ServicePort:
                     if sock is client:
                         with self._lock:
                             self.bytes_to[backend] = self.bytes_to.get(backend, 0) + len(data)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: `close` closed a socket of this pair meanwhile
             return
         finally:
             for sock in peers:

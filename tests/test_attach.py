@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -32,22 +31,21 @@ from tests.test_pod import Pod, wait_for
 
 X = [Tensor(name="x", shape=(1,), dtype=np.float32)]
 Y = [Tensor(name="y", shape=(1,), dtype=np.float32)]
-SIDECAR_HTTP = f"http://127.0.0.1:{podenv.HTTP_PORT}"
-SIDECAR_GRPC = f"grpc://127.0.0.1:{podenv.GRPC_PORT}"
+
+
+def url(pod: Pod, protocol: str) -> str:
+    """The pod's Triton, as a client in the pod writes it."""
+    return f"{protocol}://127.0.0.1:{pod.http_port if protocol == 'http' else pod.grpc_port}"
 
 
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
     """The pod's bootstrap step and Triton sidecar, without its worker."""
-    for port in (podenv.HTTP_PORT, podenv.GRPC_PORT, podenv.METRICS_PORT):
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                pytest.fail(f"port {port} is taken; the sidecar runs on the pod's fixed ports")
     tmp_path = tmp_path_factory.mktemp("pod")
     pod = Pod(tmp_path)
     try:
         pod.start_sidecar()
-        wait_for(lambda: _status(f"{SIDECAR_HTTP}/v2/health/live") == 200, 60, "the sidecar to be live")
+        wait_for(lambda: _status(f"{url(pod, 'http')}/v2/health/live") == 200, 60, "the sidecar to be live")
         yield pod
     finally:
         pod.stop()
@@ -143,9 +141,9 @@ def serve_and_query(model: str, ports: dict[str, int]) -> dict[str, object]:
 @pytest.mark.parametrize("mode", ["local", "pod"])
 def test_the_same_script_serves_alike_locally_and_in_a_pod(request, mode, monkeypatch, caplog):
     if mode == "pod":
-        request.getfixturevalue("in_the_pod")
-        ports = {"http": podenv.HTTP_PORT, "grpc": podenv.GRPC_PORT}
-    else:  # the sidecar holds the default ports: the local server takes others, from the environment
+        pod = request.getfixturevalue("in_the_pod")
+        ports = {"http": pod.http_port, "grpc": pod.grpc_port}
+    else:  # the local server takes free ports, from the environment
         ports = dict(zip(("http", "grpc", "metrics"), free_ports(3), strict=True))
         for name, port in ports.items():
             monkeypatch.setenv(f"PYTRITON_TRITON_CONFIG_{name.upper()}_PORT", str(port))
@@ -162,30 +160,31 @@ def test_the_same_script_serves_alike_locally_and_in_a_pod(request, mode, monkey
     assert "logs verbosely (log_verbose_level=1)" in caplog.text
 
 
-@pytest.mark.parametrize("url", [SIDECAR_HTTP, SIDECAR_GRPC, f"127.0.0.1:{podenv.HTTP_PORT}"])
-def test_remote_triton_binds_to_a_triton_running_elsewhere(sidecar: Pod, monkeypatch, url: str):
+@pytest.mark.parametrize("written", ["http", "grpc", "without a scheme"])
+def test_remote_triton_binds_to_a_triton_running_elsewhere(sidecar: Pod, monkeypatch, written: str):
     monkeypatch.setenv(podenv.ENV_SHM_DIR, str(sidecar.shm))
     token = (sidecar.workspace / podenv.ACCESS_TOKEN_FILE).read_text()
-    model = f"Remote_{url.split(':')[0]}_{url[-1]}"
-    with RemoteTriton(url, workspace=sidecar.workspace, access_token=token) as remote:
+    model = f"Remote_{written.replace(' ', '_')}"
+    remote_url = f"127.0.0.1:{sidecar.http_port}" if written == "without a scheme" else url(sidecar, written)
+    with RemoteTriton(remote_url, workspace=sidecar.workspace, access_token=token) as remote:
         assert remote.is_connected() and remote.is_alive()
         remote.bind(model, double, X, Y, config=ModelConfig(max_batch_size=4))
-        for client_url in (SIDECAR_HTTP, SIDECAR_GRPC):
-            with ModelClient(client_url, model) as client:
+        for protocol in ("http", "grpc"):
+            with ModelClient(url(sidecar, protocol), model) as client:
                 assert client.infer_sample(np.array([2.0], np.float32))["y"].tolist() == [4.0]
-    http = httpclient.InferenceServerClient(f"127.0.0.1:{podenv.HTTP_PORT}")
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{sidecar.http_port}")
     assert not http.is_model_ready(model), "a stopped RemoteTriton unloads its models"
     http.close()
 
 
 def test_remote_triton_binds_before_connecting(sidecar: Pod, monkeypatch):
     monkeypatch.setenv(podenv.ENV_SHM_DIR, str(sidecar.shm))
-    remote = RemoteTriton(SIDECAR_HTTP, workspace=sidecar.workspace)
+    remote = RemoteTriton(url(sidecar, "http"), workspace=sidecar.workspace)
     try:
         remote.bind("Early", double, X, Y, config=ModelConfig(max_batch_size=4))
         assert not remote.is_connected()
         remote.connect()
-        with ModelClient(SIDECAR_GRPC, "Early") as client:
+        with ModelClient(url(sidecar, "grpc"), "Early") as client:
             assert client.infer_sample(np.array([1.0], np.float32))["y"].tolist() == [2.0]
     finally:
         assert remote.stop() is True
@@ -195,7 +194,7 @@ def test_remote_triton_binds_before_connecting(sidecar: Pod, monkeypatch):
 def test_remote_triton_needs_the_tritons_workspace(sidecar: Pod, tmp_path: Path):
     with (
         pytest.raises(PyTritonRuntimeError, match="repository-token is missing"),
-        RemoteTriton(SIDECAR_HTTP, workspace=tmp_path),
+        RemoteTriton(url(sidecar, "http"), workspace=tmp_path),
     ):
         pass
 
@@ -204,9 +203,8 @@ def test_remote_triton_reaches_a_tls_only_grpc_endpoint(tmp_path: Path, monkeypa
     """A sidecar whose gRPC endpoint speaks TLS only, on ports of its own, named by a `grpcs://` URL. Its
     self-signed certificate is trusted through gRPC's own variable for the root certificates."""
     cert, key = self_signed_certificate(tmp_path)
-    http, grpc, metrics = free_ports(3)
-    tls = ["--grpc-use-ssl=true", f"--grpc-server-cert={cert}", f"--grpc-server-key={key}"]
-    pod = Pod(tmp_path, [f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}", *tls])
+    pod = Pod(tmp_path, ["--grpc-use-ssl=true", f"--grpc-server-cert={cert}", f"--grpc-server-key={key}"])
+    http, grpc = pod.http_port, pod.grpc_port
     monkeypatch.setenv(podenv.ENV_SHM_DIR, str(pod.shm))
     monkeypatch.setenv("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", str(cert))
     url = f"grpcs://localhost:{grpc}"

@@ -55,10 +55,10 @@ from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy.types import Request
 from pytriton.triton import Triton, TritonConfig
 
-from tests.conftest import ServicePort, plain_triton
+from tests.conftest import ServicePort, free_ports, plain_triton
 
-HTTP_PORT, GRPC_PORT, METRICS_PORT = 31000, 31001, 31002
-REFUSED_PORT = 31099
+HTTP_PORT, GRPC_PORT, METRICS_PORT, REFUSED_PORT = free_ports(4)
+"""Claimed for this test process: nothing else on the machine listens on REFUSED_PORT."""
 HTTP_URL = f"http://localhost:{HTTP_PORT}"
 GRPC_URL = f"grpc://localhost:{GRPC_PORT}"
 BOTH_URLS = pytest.mark.parametrize("url", [HTTP_URL, GRPC_URL], ids=["http", "grpc"])

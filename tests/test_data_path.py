@@ -5,6 +5,7 @@ Queries go through plain `tritonclient` over HTTP and gRPC, so these tests hold 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import queue
 import socket
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from kubetriton.server import claim, remove_abandoned
+from kubetriton.server import OWNER_LOCK, claim, remove_abandoned
 from kubetriton.transport import HOP_DATAGRAM_BYTES, INLINE_LIMIT
 from pytriton.client import DecoupledModelClient, ModelClient
 from pytriton.exceptions import PyTritonRuntimeError
@@ -446,24 +447,50 @@ sys.stdin.read()
 """
 
 
-def test_a_killed_local_server_leaves_nothing_after_the_next_start(tmp_path):
+def wait_until_unheld(lock: Path, timeout_s: float = 60) -> None:
+    """Until no process holds the owner lock (a killed server's tritonserver follows it, PR_SET_PDEATHSIG,
+    as soon as the machine lets it)."""
+    deadline = time.monotonic() + timeout_s
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{lock} is still held"
+                time.sleep(0.1)
+    finally:
+        os.close(fd)
+
+
+def test_a_killed_local_server_leaves_nothing_after_the_next_start(tmp_path, monkeypatch):
+    # Its own temporary folder, and only its server's regions: other processes on the machine start and
+    # stop servers of their own meanwhile.
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     script = tmp_path / "serve.py"
     script.write_text(KILLED_SERVER)
-    shm_before, workspaces_before = shm_entries(), set(Path(tempfile.gettempdir()).glob("kubetriton-*"))
+    shm_before = shm_entries()
     process = subprocess.Popen(
         [sys.executable, str(script), *map(str, free_ports(3))],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        env={**os.environ, "TMPDIR": str(temporary)},
     )
     assert process.stdout.readline().strip() == "serving"
-    (workspace,) = set(Path(tempfile.gettempdir()).glob("kubetriton-*")) - workspaces_before
-    left_in_shm = shm_entries() - shm_before
-    assert workspace.is_dir() and left_in_shm
+    (workspace,) = (lock.parent for lock in temporary.glob(f"kubetriton-*/{OWNER_LOCK}"))
+    left_in_shm = {
+        name for name in shm_entries() - shm_before if name.startswith(f"kubetriton-{process.pid}-")
+    }
+    assert left_in_shm
     process.kill()
     process.wait()
-    time.sleep(1)  # tritonserver follows its parent (PR_SET_PDEATHSIG)
-    assert workspace.is_dir() and shm_entries() & left_in_shm  # SIGKILL: nothing was cleaned up
+    wait_until_unheld(workspace / OWNER_LOCK)
+    assert workspace.is_dir() and left_in_shm <= shm_entries()  # SIGKILL: nothing was cleaned up
     Triton().stop()  # the next server on the machine sweeps what nobody holds any more
     assert not workspace.exists()
     assert not shm_entries() & left_in_shm

@@ -1,7 +1,9 @@
 """The pod that the operator renders, run for real as local processes.
 
 `kubetriton render` produces the pod template for the Identity example. Each container runs its own
-command and args with the pod's env; volume mounts become temporary directories:
+command and args with the pod's env; volume mounts become temporary directories, and the pod's fixed
+ports free ones (the worker learns Triton's from the contract's port variables), since these processes
+share the machine's network:
 
 - `bootstrap` prepares the workspace from the worker's environment;
 - `triton` runs its shell command unchanged, with the local Triton standing in for the stock image and a
@@ -22,7 +24,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -142,17 +143,33 @@ class Pod:
         self.script.write_text(script)
         self.tmp_path = tmp_path
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.http_port, self.grpc_port, self.metrics_port, self.health_port = free_ports(4)
+        self._ports = {
+            f"--http-port={podenv.HTTP_PORT}": f"--http-port={self.http_port}",
+            f"--grpc-port={podenv.GRPC_PORT}": f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={podenv.METRICS_PORT}": f"--metrics-port={self.metrics_port}",
+        }
+        sidecar = " ".join(self.containers["triton"]["command"])
+        assert all(fixed in sidecar for fixed in self._ports), sidecar
 
     def mapped(self, value: str) -> str:
-        return value.replace(podenv.WORKSPACE_MOUNT, str(self.workspace)).replace(
-            podenv.SCRIPT_MOUNT, str(self.script_dir)
-        )
+        """A value of the pod's with its mounts as this test's folders, and its fixed ports as free ones:
+        unlike a pod, these processes share the machine's network with other servers."""
+        value = value.replace(podenv.WORKSPACE_MOUNT, str(self.workspace))
+        value = value.replace(podenv.SCRIPT_MOUNT, str(self.script_dir))
+        for fixed, free in self._ports.items():
+            value = value.replace(fixed, free)
+        return value
 
     def environment(self, name: str, **extra: str) -> dict[str, str]:
         env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
         env.update(
             {item["name"]: self.mapped(item["value"]) for item in self.containers[name].get("env", [])}
         )
+        if podenv.ENV_HEALTH_PORT in env:  # the worker, told the ports this pod's processes took
+            env[podenv.ENV_HEALTH_PORT] = str(self.health_port)
+            env[podenv.ENV_TRITON_HTTP_PORT] = str(self.http_port)
+            env[podenv.ENV_TRITON_GRPC_PORT] = str(self.grpc_port)
         env.update(extra)
         return env
 
@@ -194,6 +211,36 @@ class Pod:
 
     def log(self, name: str) -> str:
         return (self.tmp_path / f"{name}.log").read_text(errors="replace")
+
+    def probe(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}{path}", timeout=2) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+        except (urllib.error.URLError, ConnectionError):
+            return 0, "unreachable"
+
+    def slow(self, seconds: float) -> np.ndarray:
+        """Slow's answer to a request that it works on for `seconds`."""
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{self.http_port}", network_timeout=60)
+        try:
+            tensor = httpclient.InferInput("x", [1, 1], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 1), np.float32))
+            return client.infer("Slow", [tensor], parameters={"seconds": seconds}).as_numpy("y")
+        finally:
+            client.close()
+
+    def identity(self, protocol: str, value: float) -> np.ndarray:
+        module = httpclient if protocol == "http" else grpcclient
+        port = self.http_port if protocol == "http" else self.grpc_port
+        client = module.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            tensor = module.InferInput("INPUT_1", [1, 1], "FP32")
+            tensor.set_data_from_numpy(np.array([[value]], np.float32))
+            return client.infer("Identity", [tensor]).as_numpy("OUTPUT_1")
+        finally:
+            client.close()
 
     def stop(self) -> None:
         """SIGTERM to each container's first process, then, as a container runtime does once that has
@@ -263,16 +310,6 @@ class Load:
         return self.results
 
 
-def probe(path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{podenv.HEALTH_PORT}{path}", timeout=2) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-    except (urllib.error.URLError, ConnectionError):
-        return 0, "unreachable"
-
-
 def wait_for(condition, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -282,36 +319,8 @@ def wait_for(condition, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def slow(seconds: float) -> np.ndarray:
-    """Slow's answer to a request that it works on for `seconds`."""
-    client = httpclient.InferenceServerClient(f"127.0.0.1:{podenv.HTTP_PORT}", network_timeout=60)
-    try:
-        tensor = httpclient.InferInput("x", [1, 1], "FP32")
-        tensor.set_data_from_numpy(np.ones((1, 1), np.float32))
-        return client.infer("Slow", [tensor], parameters={"seconds": seconds}).as_numpy("y")
-    finally:
-        client.close()
-
-
-def identity(protocol: str, value: float) -> np.ndarray:
-    module = httpclient if protocol == "http" else grpcclient
-    port = podenv.HTTP_PORT if protocol == "http" else podenv.GRPC_PORT
-    client = module.InferenceServerClient(f"127.0.0.1:{port}")
-    try:
-        tensor = module.InferInput("INPUT_1", [1, 1], "FP32")
-        tensor.set_data_from_numpy(np.array([[value]], np.float32))
-        return client.infer("Identity", [tensor]).as_numpy("OUTPUT_1")
-    finally:
-        client.close()
-
-
 @pytest.fixture
 def pod(tmp_path) -> Iterator[Pod]:
-    wanted = (podenv.HTTP_PORT, podenv.GRPC_PORT, podenv.METRICS_PORT, podenv.HEALTH_PORT)
-    for port in wanted:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                pytest.fail(f"port {port} is taken; the pod test runs the pod's fixed ports on this machine")
     running = Pod(tmp_path)
     try:
         yield running
@@ -333,7 +342,7 @@ def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path
         assert sidecar.poll() is None, pod.log("triton")
         try:
             with urllib.request.urlopen(
-                f"http://127.0.0.1:{podenv.HTTP_PORT}/v2/health/live", timeout=1
+                f"http://127.0.0.1:{pod.http_port}/v2/health/live", timeout=1
             ) as response:
                 return response.status == 200
         except (urllib.error.URLError, ConnectionError):
@@ -343,55 +352,55 @@ def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path
 
     worker_env = {podenv.ENV_SHM_DIR: str(pod.shm)}
     pod.start("worker", **worker_env)
-    wait_for(lambda: probe("/livez")[0] == 200, 30, "worker liveness")
-    status, body = probe("/readyz")
+    wait_for(lambda: pod.probe("/livez")[0] == 200, 30, "worker liveness")
+    status, body = pod.probe("/readyz")
     assert status == 503 and "not bound yet" in body, "ready before the model was bound"
-    wait_for(lambda: probe("/readyz")[0] == 200, 60, "worker readiness after binding")
+    wait_for(lambda: pod.probe("/readyz")[0] == 200, 60, "worker readiness after binding")
 
     for protocol in ("http", "grpc"):
-        assert identity(protocol, 4.5).tolist() == [[4.5]]
-    cached = httpclient.InferenceServerClient(f"127.0.0.1:{podenv.HTTP_PORT}")
+        assert pod.identity(protocol, 4.5).tolist() == [[4.5]]
+    cached = httpclient.InferenceServerClient(f"127.0.0.1:{pod.http_port}")
     wait_for(lambda: cached.is_model_ready("Cached"), 30, "the undeclared model Cached")
     tensor = httpclient.InferInput("x", [1, 1], "FP32")
     tensor.set_data_from_numpy(np.array([[2.5]], np.float32))
     for _ in range(3):  # the sidecar's response cache answers the repeats
         assert cached.infer("Cached", [tensor]).as_numpy("y").tolist() == [[2.5]]
-    status, metrics = probe("/metrics")
+    status, metrics = pod.probe("/metrics")
     assert status == 200 and 'kubetriton_requests_total{model="Identity"} 2.0' in metrics
     assert 'kubetriton_requests_total{model="Cached"} 1.0' in metrics
 
     # Killing the worker: the request in flight and new ones fail fast with a clear error, readiness
     # goes, Triton stays up.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        in_flight = pool.submit(slow, 30.0)
-        wait_for(lambda: 'kubetriton_in_flight{model="Slow"} 1.0' in probe("/metrics")[1], 30, "Slow")
+        in_flight = pool.submit(pod.slow, 30.0)
+        wait_for(lambda: 'kubetriton_in_flight{model="Slow"} 1.0' in pod.probe("/metrics")[1], 30, "Slow")
         pod.processes["worker"].kill()
         killed = time.monotonic()
         with pytest.raises(InferenceServerException, match="went away while the request was in flight"):
             in_flight.result(timeout=30)
         assert time.monotonic() - killed < 2
     pod.processes["worker"].wait()
-    assert probe("/readyz")[0] != 200
+    assert pod.probe("/readyz")[0] != 200
     started = time.monotonic()
     with pytest.raises(InferenceServerException, match="No worker is attached to model 'Identity'"):
-        identity("http", 1.0)
+        pod.identity("http", 1.0)
     assert time.monotonic() - started < 2
     assert sidecar.poll() is None
 
     pod.start("worker", **worker_env)
-    wait_for(lambda: probe("/readyz")[0] == 200, 60, "readiness after the worker restarted")
-    assert identity("grpc", 7.0).tolist() == [[7.0]]
+    wait_for(lambda: pod.probe("/readyz")[0] == 200, 60, "readiness after the worker restarted")
+    assert pod.identity("grpc", 7.0).tolist() == [[7.0]]
     assert sidecar.poll() is None, "Triton must not restart when the worker does"
 
     def slow_answers() -> bool:
         try:
-            return slow(0.3).tolist() == [[1.0]]
+            return pod.slow(0.3).tolist() == [[1.0]]
         except InferenceServerException:
             return False
 
     wait_for(slow_answers, 30, "the second model to be bound again")
     bound_last = 'kubetriton_attached{model="Stream"} 1.0'
-    wait_for(lambda: bound_last in probe("/metrics")[1], 30, "the worker to bind all its models again")
+    wait_for(lambda: bound_last in pod.probe("/metrics")[1], 30, "the worker to bind all its models again")
 
     # Killing Triton: the worker stays up and loads its models into the restarted sidecar, which first
     # removes the shared memory that the killed one could not.
@@ -403,14 +412,14 @@ def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path
     os.killpg(sidecar.pid, signal.SIGKILL)
     sidecar.wait()
     assert all(region.exists() for region in killed_regions)
-    wait_for(lambda: probe("/readyz")[0] != 200, 10, "readiness to drop with Triton gone")
-    assert probe("/livez")[0] == 200, "the worker must outlive a Triton crash"
+    wait_for(lambda: pod.probe("/readyz")[0] != 200, 10, "readiness to drop with Triton gone")
+    assert pod.probe("/livez")[0] == 200, "the worker must outlive a Triton crash"
     sidecar = pod.start("triton", PATH=f"{shim_dir}:/usr/bin:/bin")
     wait_for(sidecar_live, 60, "the restarted sidecar")
     assert not killed_regions & sidecar_regions(), "the killed sidecar's regions must be removed"
-    wait_for(lambda: probe("/readyz")[0] == 200, 60, "readiness after Triton restarted")
+    wait_for(lambda: pod.probe("/readyz")[0] == 200, 60, "readiness after Triton restarted")
     for protocol in ("http", "grpc"):
-        assert identity(protocol, 3.5).tolist() == [[3.5]]
+        assert pod.identity(protocol, 3.5).tolist() == [[3.5]]
     wait_for(slow_answers, 30, "the second model to be loaded again")
     wait_for(lambda: cached.is_model_ready("Stream"), 30, "the last model to be loaded again")
     cached.close()
@@ -433,17 +442,17 @@ def test_rendered_pod_serves_probes_restarts_and_drains(pod: Pod, tmp_path: Path
         stdout=(tmp_path / "replica.log").open("ab"),
         stderr=subprocess.STDOUT,
     )
-    http_service, grpc_service = ServicePort(podenv.HTTP_PORT), ServicePort(podenv.GRPC_PORT)
+    http_service, grpc_service = ServicePort(pod.http_port), ServicePort(pod.grpc_port)
     try:
         replica_http = httpclient.InferenceServerClient(f"127.0.0.1:{other[0]}")
         wait_for(lambda: _ready(replica_http, "Stream"), 90, "the other replica")
         load = Load(f"http://127.0.0.1:{http_service.port}", f"grpc://127.0.0.1:{grpc_service.port}")
         time.sleep(2)
         http_service.backend, grpc_service.backend = other[0], other[1]  # the pod left the endpoints
-        this_pod = {http_service: podenv.HTTP_PORT, grpc_service: podenv.GRPC_PORT}
+        this_pod = {http_service: pod.http_port, grpc_service: pod.grpc_port}
         served_before = {service: service.sent_to(port) for service, port in this_pod.items()}
         pod.processes["worker"].send_signal(signal.SIGTERM)  # after preStop, as the kubelet does
-        wait_for(lambda: probe("/readyz")[0] != 200, 5, "readiness to drop on SIGTERM")
+        wait_for(lambda: pod.probe("/readyz")[0] != 200, 5, "readiness to drop on SIGTERM")
         assert pod.processes["worker"].wait(DRAIN_SECONDS + 30) == 0, pod.log("worker")
         sidecar_stopped = sidecar.poll() is not None
         time.sleep(1)
@@ -526,8 +535,8 @@ def test_script_from_a_config_map_serves_from_an_image_with_only_python_and_nump
     try:
         pod.start_sidecar(worker_image_wheels())
         worker = pod.start("worker", image_bin, **{podenv.ENV_SHM_DIR: str(pod.shm)})
-        wait_for(lambda: worker.poll() is None and probe("/readyz")[0] == 200, 90, "the worker's readiness")
-        for module, port in ((httpclient, podenv.HTTP_PORT), (grpcclient, podenv.GRPC_PORT)):
+        wait_for(lambda: worker.poll() is None and pod.probe("/readyz")[0] == 200, 90, "worker readiness")
+        for module, port in ((httpclient, pod.http_port), (grpcclient, pod.grpc_port)):
             client = module.InferenceServerClient(f"127.0.0.1:{port}")
             tensor = module.InferInput("x", [2, 1], "FP32")
             tensor.set_data_from_numpy(np.array([[1.5], [2.0]], np.float32))
@@ -535,7 +544,7 @@ def test_script_from_a_config_map_serves_from_an_image_with_only_python_and_nump
             assert result.as_numpy("y").tolist() == [[3.0], [4.0]]
             assert result.as_numpy("numpy").tolist() == [[user_numpy.encode()]] * 2
             client.close()
-        with DecoupledModelClient(f"grpc://127.0.0.1:{podenv.GRPC_PORT}", "Count") as client:
+        with DecoupledModelClient(f"grpc://127.0.0.1:{pod.grpc_port}", "Count") as client:
             answers = [float(item["y"][0]) for item in client.infer_sample(np.ones(1, np.float32))]
         assert answers == [1.0, 2.0, 3.0]
         assert worker.poll() is None, pod.log("worker")

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,12 +68,13 @@ def with_serve(code: str) -> str:
 class SeedServer:
     """A seed script run as its own process on free ports, as a user would run it."""
 
-    def __init__(self, code: str, tmp_path: Path, python: str) -> None:
+    def __init__(self, code: str, tmp_path: Path, python: str, env: Mapping[str, str] | None = None) -> None:
+        """`env` adds to this process's environment."""
         self.http, self.grpc, metrics = free_ports(3)
         script = tmp_path / "seed_script.py"
         script.write_text(code)
         self.log = tmp_path / "tritonserver.log"
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}
         env.update(
             PYTRITON_TRITON_CONFIG_HTTP_PORT=str(self.http),
             PYTRITON_TRITON_CONFIG_GRPC_PORT=str(self.grpc),

@@ -101,7 +101,7 @@ def numpy2_home() -> TritonHome:
     stub_python = StubPython.load(NUMPY2_STUB_PYTHON)
     if stub_python is None:
         interpreter = describe(str(home.stub_python.bin_dir / "python3"))
-        assert not isinstance(interpreter, str), interpreter
+        assert interpreter is not None
         stub_python = create(NUMPY2_STUB_PYTHON, interpreter, numpy_requirement="numpy>=2")
     assert run_python(stub_python, "import numpy; print(numpy.__version__)").stdout.startswith("2.")
     return dataclasses.replace(home, stub_python=stub_python)

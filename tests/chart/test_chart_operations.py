@@ -157,7 +157,7 @@ def test_the_alerts_exist_only_where_the_prometheus_operator_does() -> None:
 def _promtool() -> str:
     found = shutil.which("promtool")
     if found is None:
-        pytest.skip("promtool is not installed (Debian's prometheus package; `make env` installs it)")
+        pytest.skip("promtool is not on PATH (Debian's prometheus package, which make does not install)")
     return found
 
 

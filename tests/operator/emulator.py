@@ -37,6 +37,7 @@ import datetime
 import itertools
 import json
 import re
+import secrets
 import threading
 import uuid
 from collections.abc import Callable
@@ -584,6 +585,8 @@ class OperatorThread:
         """`options` go to `build_operator`: request timeout and retry delays."""
         self._url = server_url
         self._settings = settings
+        self.token = secrets.token_hex(8)
+        """Its bearer token, which tells its requests from another operator's in the emulator's log."""
         self._operator = reconciler.build_operator(login=self._login, **options)
         self.insights = reconciler.Insights()
         self._stop = threading.Event()
@@ -592,7 +595,9 @@ class OperatorThread:
         self.error: BaseException | None = None
 
     def _login(self, **_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=self._url, insecure=True, default_namespace="default")
+        return kopf.ConnectionInfo(
+            server=self._url, insecure=True, default_namespace="default", scheme="Bearer", token=self.token
+        )
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()

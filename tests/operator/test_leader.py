@@ -20,8 +20,10 @@ from conftest import eventually
 from emulator import ALL_VERBS, ClusterEmulator
 from kubetriton.operator import leader, runtime
 from kubetriton.operator.kube import KubeApi, KubeError
-from test_operator_cli import free_port, health, write_kubeconfig
+from test_operator_cli import health, write_kubeconfig
 from test_operator_reconciler import MODELS, create_model, model_document, patch, stored
+
+from tests.conftest import free_ports
 
 pytestmark = pytest.mark.asyncio
 
@@ -147,7 +149,7 @@ class Replica:
             tmp_path / f"kubeconfig-{name}", str(cluster.servers[0].url).rstrip("/")
         )
         self.config.write_text(self.config.read_text().replace("test-token", f"token-{name}"))
-        self.health_url = f"http://127.0.0.1:{free_port()}/healthz"
+        self.health_url = f"http://127.0.0.1:{free_ports(1)[0]}/healthz"
         self.process: asyncio.subprocess.Process | None = None
         self.log = ""
 

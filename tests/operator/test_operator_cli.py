@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +24,8 @@ from test_operator_reconciler import (
     stored,
     watching_crds,
 )
+
+from tests.conftest import free_ports
 
 pytestmark = pytest.mark.asyncio
 
@@ -123,12 +124,6 @@ async def test_operator_command_watches_every_namespace_by_default(
             )
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 async def health(url: str) -> tuple[int, dict] | None:
     """The health endpoint's status and answer; None until it listens."""
     try:
@@ -140,7 +135,7 @@ async def health(url: str) -> tuple[int, dict] | None:
 
 @pytest.mark.parametrize("cluster", [{"model_crd": False}], indirect=True)
 async def test_health_says_whether_models_are_served(cluster: ClusterEmulator, tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{free_port()}/healthz"
+    url = f"http://127.0.0.1:{free_ports(1)[0]}/healthz"
     async with operator_process(cluster, tmp_path, f"--liveness={url}"):
         await eventually(lambda: watching_crds(cluster), timeout=30, message="the operator watches CRDs")
         status, waiting = await eventually(lambda: health(url), timeout=30, message="the health endpoint")

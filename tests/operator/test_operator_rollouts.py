@@ -5,6 +5,7 @@ is never held back."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -16,8 +17,10 @@ from test_operator_reconciler import (
     MODELS,
     StartOperator,
     create_model,
+    handled_models,
     model_document,
     patch,
+    requests_since,
     set_deployment_status,
     status_of,
     stored,
@@ -57,17 +60,20 @@ async def serving_models(cluster: ClusterEmulator, start_operator: StartOperator
         await set_deployment_status(cluster, name, ready=1, replicas=1)
     for name in NAMES:
         await eventually(lambda n=name: status_of(cluster, n).get("readyReplicas") == 1, message=name)
-    operator.stop()
+    await asyncio.to_thread(operator.stop)  # the emulator keeps answering while the operator stops
 
 
 async def test_an_unchanged_generator_writes_nothing_after_a_restart(
-    cluster: ClusterEmulator, start_operator: StartOperator
+    cluster: ClusterEmulator, start_operator: StartOperator, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO)
     await serving_models(cluster, start_operator)
     seen = len(list(cluster))
-    await start_operator()
-    await asyncio.sleep(2)
-    assert writes_since(cluster, seen) == []
+    caplog.clear()
+    restarted = await start_operator()
+    await eventually(lambda: handled_models(caplog) == set(NAMES), message="every model handled")
+    assert requests_since(cluster, seen, by=restarted), "the restarted operator's requests are told apart"
+    assert writes_since(cluster, seen, by=restarted) == []
 
 
 async def test_a_changed_generator_rolls_a_few_models_at_a_time(

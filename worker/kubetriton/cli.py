@@ -1,7 +1,8 @@
 """The `kubetriton` command: one entry point whose sub-commands live beside the code they drive.
 
 Each sub-command module exposes `add_arguments(parser)` and `run(args) -> int`. Modules are imported
-only when their command is chosen, so `kubetriton bootstrap` does not pay for the operator's imports.
+only when their command is chosen, so `kubetriton bootstrap` does not pay for the operator's imports, and
+a command whose extra is not installed says which one to install (`kubetriton.extras`).
 """
 
 from __future__ import annotations
@@ -10,15 +11,29 @@ import argparse
 import importlib
 import sys
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "install-triton": ("kubetriton.triton_home", "install the local tritonserver used by local mode"),
-    "run": ("kubetriton.supervisor", "run a PyTriton script in several worker processes that serve together"),
-    "render": ("kubetriton.operator.render", "print the objects the operator creates for a model.yaml"),
-    "operator": ("kubetriton.operator.main", "run the PyTritonModel operator"),
-    "deploy": ("kubetriton.operator.deploy", "serve a PyTriton script on a cluster, in the image you name"),
-    "delete": ("kubetriton.operator.delete", "delete a model and what was made for it"),
-    "status": ("kubetriton.operator.report", "show how models are doing, or one model in detail"),
-    "bootstrap": ("kubetriton.sidecar.bootstrap", "prepare the shared volume for the Triton sidecar"),
+from kubetriton.extras import CLUSTER, MissingExtraError, needed
+
+COMMANDS: dict[str, tuple[str, str | None, str]] = {
+    "install-triton": ("kubetriton.triton_home", None, "install the local tritonserver used by local mode"),
+    "run": (
+        "kubetriton.supervisor",
+        None,
+        "run a PyTriton script in several worker processes that serve together",
+    ),
+    "render": (
+        "kubetriton.operator.render",
+        CLUSTER,
+        "print the objects the operator creates for a model.yaml",
+    ),
+    "operator": ("kubetriton.operator.main", CLUSTER, "run the PyTritonModel operator"),
+    "deploy": (
+        "kubetriton.operator.deploy",
+        CLUSTER,
+        "serve a PyTriton script on a cluster, in the image you name",
+    ),
+    "delete": ("kubetriton.operator.delete", CLUSTER, "delete a model and what was made for it"),
+    "status": ("kubetriton.operator.report", CLUSTER, "show how models are doing, or one model in detail"),
+    "bootstrap": ("kubetriton.sidecar.bootstrap", None, "prepare the shared volume for the Triton sidecar"),
 }
 
 
@@ -27,15 +42,21 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in COMMANDS:
         top = argparse.ArgumentParser(prog="kubetriton")
         top.add_argument(
-            "command", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v[1]}" for k, v in COMMANDS.items())
+            "command", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v[2]}" for k, v in COMMANDS.items())
         )
         top.parse_args(argv[:1])
         return 2
-    module_name, help_text = COMMANDS[argv[0]]
-    module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"kubetriton {argv[0]}", description=help_text)
-    module.add_arguments(parser)
-    return int(module.run(parser.parse_args(argv[1:])) or 0)
+    module_name, extra, help_text = COMMANDS[argv[0]]
+    prog = f"kubetriton {argv[0]}"
+    try:
+        with needed(extra, prog):
+            module = importlib.import_module(module_name)
+            parser = argparse.ArgumentParser(prog=prog, description=help_text)
+            module.add_arguments(parser)
+            return int(module.run(parser.parse_args(argv[1:])) or 0)
+    except MissingExtraError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

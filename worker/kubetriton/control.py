@@ -2,12 +2,13 @@
 models, log and trace settings.
 
 One object per Triton, over HTTP, or over gRPC when the server's HTTP endpoint is off (`allow_http=False`)
-or when a remote Triton was given by a gRPC URL. Only gRPC needs tritonclient, imported on first use: a
-worker in a pod talks HTTP to its sidecar, and its image need not have tritonclient. Every request carries
-two secrets: the repository token that opens Triton's model-repository API, which only kubetriton holds,
-and the access token of the user's `TritonSecurityConfig`, which opens the other restricted endpoints
-(health, logging, trace, ...). Over gRPC, Triton reads a restricted key from metadata named
-`triton-grpc-protocol-<key>`.
+or when a remote Triton was given by a gRPC URL. Only gRPC needs tritonclient (kubetriton's client extra),
+imported on first use: a worker in a pod talks HTTP to its sidecar, and its image need not have it. Every
+request carries two secrets: the repository token that opens Triton's model-repository API, which only
+kubetriton holds, and the access token of the user's `TritonSecurityConfig`, which opens the other
+restricted endpoints (health, logging, trace, ...). Over gRPC, Triton reads a restricted key from
+metadata named `triton-grpc-protocol-<key>`. HTTP requests go straight to the server, never through a
+proxy that $http_proxy names: the Triton that kubetriton manages shares its machine (and /dev/shm).
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from typing import Any
 from pytriton.client._url import parse_url
 from pytriton.exceptions import PyTritonModelConfigError, PyTritonRuntimeError
 
+from kubetriton.extras import CLIENT, needed
 from kubetriton.podenv import ACCESS_TOKEN_HEADER, GRPC_RESTRICTED_PREFIX, REPOSITORY_TOKEN_HEADER
 
 LIVENESS_POLL_S = 0.05
 PROBE_TIMEOUT_S = 2.0
 REPOSITORY_TIMEOUT_S = 300.0
 """Loading a model starts a Python-backend stub per instance, which a busy machine can make slow."""
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _is_server_error(error: Exception) -> bool:
@@ -60,7 +63,8 @@ class TritonControl:
 
     def _client(self) -> Any:
         if self._grpc_client is None:
-            import tritonclient.grpc
+            with needed(CLIENT, f"Managing Triton over gRPC ({self.url})"):
+                import tritonclient.grpc
 
             self._grpc_client = tritonclient.grpc.InferenceServerClient(
                 self._endpoint.address, ssl=self._endpoint.ssl
@@ -80,7 +84,7 @@ class TritonControl:
             method=method,
             headers={**self._headers(), "Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with _DIRECT.open(request, timeout=timeout_s) as response:
             payload = response.read()
         return json.loads(payload) if payload else None
 

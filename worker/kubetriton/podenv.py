@@ -84,6 +84,10 @@ ENV_MODELS = "KUBETRITON_MODELS"
 ENV_DRAIN_SECONDS = "KUBETRITON_DRAIN_SECONDS"
 ENV_ARENA_BYTES = "KUBETRITON_ARENA_BYTES"
 ENV_HEALTH_PORT = "KUBETRITON_HEALTH_PORT"
+ENV_TRITON_HTTP_PORT = "KUBETRITON_TRITON_HTTP_PORT"
+ENV_TRITON_GRPC_PORT = "KUBETRITON_TRITON_GRPC_PORT"
+"""Where the sidecar's Triton listens, for the worker: the fixed ports in a pod (the operator sets neither);
+a pod's containers run as local processes beside other servers take free ones."""
 ENV_WORKER_IMAGE = "KUBETRITON_WORKER_IMAGE"
 """Given to the operator: the kubetriton worker image, which runs the pods' init step."""
 ENV_TRITON_IMAGE = "KUBETRITON_TRITON_IMAGE"
@@ -131,6 +135,8 @@ class AttachSettings:
     drain_seconds: float
     health_port: int
     shm_dir: str
+    triton_http_port: int = HTTP_PORT
+    triton_grpc_port: int = GRPC_PORT
 
     @classmethod
     def from_environ(cls, environ: os._Environ[str] | dict[str, str] | None = None) -> AttachSettings | None:
@@ -145,6 +151,8 @@ class AttachSettings:
             drain_seconds=float(env.get(ENV_DRAIN_SECONDS, DEFAULT_DRAIN_SECONDS)),
             health_port=int(env.get(ENV_HEALTH_PORT, HEALTH_PORT)),
             shm_dir=env.get(ENV_SHM_DIR, SHM_MOUNT),
+            triton_http_port=int(env.get(ENV_TRITON_HTTP_PORT, HTTP_PORT)),
+            triton_grpc_port=int(env.get(ENV_TRITON_GRPC_PORT, GRPC_PORT)),
         )
 
 

@@ -11,15 +11,20 @@ CPython 3.10-3.12 with a shared libpython, holding NumPy 1.x, and beside it the 
 Python. It plays the part that the stock Triton image's own Python plays in a pod (numpy, no pyzmq, no
 kubetriton): each local server gets the proxy's modules and pyzmq the way a pod's sidecar does, through
 `kubetriton.sidecar.bootstrap.install_runtime`, so the proxy always matches the running worker.
+
+The environment is made without pip (`venv --without-pip`), so the interpreter needs no ensurepip
+(Debian and Ubuntu leave it out unless python3.X-venv is installed); the pip that runs install-triton
+installs into it (`pip --python`), from an index or from local wheels alone.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,25 +45,37 @@ DESCRIBE = (
     "'library_dir': sysconfig.get_config_var('LIBDIR')}))"
 )
 """Run by each candidate interpreter: what decides whether the stub can embed it."""
-HOW_TO_GET_ONE = (
-    "Install one, for example your distribution's python3.X-venv and libpython3.X packages (Debian 12: "
-    "`apt install python3.11-venv libpython3.11`) or `PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install "
-    f"3.12`, and run `kubetriton install-triton --stub-python /path/to/python3.X` (or set {ENV_STUB_PYTHON})"
-)
+PIP_WITH_PYTHON_OPTION = (22, 3)
+"""The first pip that installs into another environment (`pip --python`)."""
+SYSTEM_BIN = Path("/usr/bin")
 
 
 class StubPythonError(RuntimeError):
     """No environment for the stub can be provisioned; the message says what to install."""
 
 
+class WheelsNotFound(StubPythonError):
+    """pip could not install the environment's packages: where it looked, they are not."""
+
+
 @dataclass(frozen=True)
 class Interpreter:
-    """A CPython that can be the base of the stub's environment."""
+    """A Python found on this machine, and what decides whether the stub can embed it."""
 
     executable: str
+    implementation: str
     version: str
     library_dir: Path
-    """Where its shared libpython lies: the stub must load this one, not another libpython3.X."""
+    shared_libpython: bool
+    """Whether `library_dir` holds its libpython3.X.so: the stub must load this one, not another."""
+
+    def refusal(self, versions: Collection[str]) -> str | None:
+        """Why the stub cannot run on it, for a Triton that has stubs for `versions`; None if it can."""
+        if self.implementation != "cpython" or self.version not in versions:
+            return f"{self.executable} is {self.implementation} {self.version}"
+        if not self.shared_libpython:
+            return f"{self.executable} has no shared libpython (built without --enable-shared)"
+        return None
 
 
 @dataclass(frozen=True)
@@ -88,8 +105,8 @@ class StubPython:
         return cls(path, manifest["version"], Path(manifest["library_dir"]))
 
 
-def describe(executable: str) -> Interpreter | str:
-    """The interpreter at `executable` if the stub can embed it, otherwise why not."""
+def describe(executable: str) -> Interpreter | None:
+    """The interpreter at `executable`, or None when it does not run."""
     try:
         facts = json.loads(
             subprocess.run(
@@ -97,16 +114,19 @@ def describe(executable: str) -> Interpreter | str:
             ).stdout
         )
     except (OSError, subprocess.SubprocessError, ValueError):
-        return f"{executable} does not run"
-    if facts["implementation"] != "cpython" or facts["version"] not in PYTHON_VERSIONS:
-        return f"{executable} is {facts['implementation']} {facts['version']}"
+        return None
     library_dir = Path(facts["library_dir"] or "")
-    if not (library_dir / f"libpython{facts['version']}.so.1.0").is_file():
-        return f"{executable} has no shared libpython (built without --enable-shared)"
-    return Interpreter(executable, facts["version"], library_dir)
+    shared = (library_dir / f"libpython{facts['version']}.so.1.0").is_file()
+    return Interpreter(executable, facts["implementation"], facts["version"], library_dir, shared)
 
 
-def candidates() -> Iterator[str]:
+def pyenv_root() -> Path | None:
+    pyenv = shutil.which("pyenv")
+    root = subprocess.run([pyenv, "root"], capture_output=True, text=True).stdout.strip() if pyenv else ""
+    return Path(root) if root else None
+
+
+def candidates(pyenv: Path | None) -> Iterator[str]:
     """Interpreters to try, in order: the running one, versioned ones on PATH, then pyenv's."""
     yield sys.executable
     for version in PYTHON_VERSIONS:
@@ -116,10 +136,8 @@ def candidates() -> Iterator[str]:
     found = shutil.which("python3")
     if found:
         yield found
-    pyenv = shutil.which("pyenv")
-    root = subprocess.run([pyenv, "root"], capture_output=True, text=True).stdout.strip() if pyenv else ""
-    if root:
-        installed = Path(root, "versions").glob("3.*/bin/python3")
+    if pyenv is not None:
+        installed = (pyenv / "versions").glob("3.*/bin/python3")
         yield from (str(path) for path in sorted(installed, key=_version_key, reverse=True))
 
 
@@ -128,36 +146,120 @@ def _version_key(executable: Path) -> tuple[int, ...]:
     return tuple(int(part) for part in name.split(".") if part.isdigit())
 
 
+def os_release(path: Path = Path("/etc/os-release")) -> dict[str, str]:
+    """The distribution's identity (`ID`, `ID_LIKE`, ...), empty where it does not say."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    pairs = (line.split("=", 1) for line in lines if "=" in line)
+    return {key: value.strip().strip('"') for key, value in pairs}
+
+
+def what_to_install(
+    found: Sequence[Interpreter],
+    versions: Collection[str],
+    distribution: Mapping[str, str],
+    pyenv: Path | None,
+) -> str:
+    """The one step that gives this machine a Python the stub can embed, given the interpreters `found`
+    on it: a shared libpython for a CPython of the right version where it has one, otherwise a CPython
+    built with one."""
+    wanted = [version for version in PYTHON_VERSIONS if version in versions]
+    family = {distribution.get("ID", ""), *distribution.get("ID_LIKE", "").split()}
+    for interpreter in found:
+        if interpreter.implementation != "cpython" or interpreter.version not in wanted:
+            continue
+        executable = Path(interpreter.executable)
+        if family & {"debian", "ubuntu"} and executable.parent == SYSTEM_BIN:
+            return (
+                f"Install its shared library: `sudo apt install libpython{interpreter.version}`, then run "
+                "`kubetriton install-triton` again"
+            )
+        if pyenv is not None and executable.is_relative_to(pyenv / "versions"):
+            name = executable.relative_to(pyenv / "versions").parts[0]
+            return (
+                f"Rebuild it with a shared libpython: `PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install "
+                f"--force {name}`, then run `kubetriton install-triton` again"
+            )
+    version = wanted[0] if wanted else PYTHON_VERSIONS[0]
+    return (
+        f"Install a CPython {version} built with a shared libpython, for example `PYTHON_CONFIGURE_OPTS="
+        f"--enable-shared pyenv install {version}`, and run `kubetriton install-triton --stub-python "
+        f"/path/to/python{version}` (or set {ENV_STUB_PYTHON})"
+    )
+
+
 def choose_interpreter(versions: Collection[str], requested: str | None = None) -> Interpreter:
     """The interpreter to make the stub's environment from: `requested`, or the first suitable one found.
 
     `versions` are the CPython versions the Triton installation has a stub for."""
     wanted = [version for version in PYTHON_VERSIONS if version in versions]
-    refusals = []
-    for executable in [requested] if requested else candidates():
-        found = describe(executable)
-        if isinstance(found, Interpreter) and found.version in wanted:
-            return found
-        refusals.append(found if isinstance(found, str) else f"{executable} is {found.version}")
+    pyenv = pyenv_root()
+    found, refusals = [], []
+    for executable in [requested] if requested else candidates(pyenv):
+        interpreter = describe(executable)
+        if interpreter is None:
+            refusals.append(f"{executable} does not run")
+            continue
+        refusal = interpreter.refusal(wanted)
+        if refusal is None:
+            return interpreter
+        found.append(interpreter)
+        refusals.append(refusal)
     raise StubPythonError(
         f"No CPython {' or '.join(wanted) or 'version this Triton has a stub for'} with a shared libpython "
-        f"for Triton's Python-backend stub ({'; '.join(refusals)}). {HOW_TO_GET_ONE}"
+        f"for Triton's Python-backend stub ({'; '.join(refusals)}). "
+        f"{what_to_install(found, versions, os_release(), pyenv)}."
     )
 
 
-def create(path: Path, interpreter: Interpreter, numpy_requirement: str = STUB_NUMPY) -> StubPython:
-    """Make the environment at `path` from `interpreter`, replacing what was there."""
-    (path / MANIFEST).unlink(missing_ok=True)
-    pip = [str(path / "bin" / "python"), "-m", "pip", "--quiet"]
+def pip_command() -> list[str]:
+    """The pip of the running Python, which installs into the stub's environment (that has none)."""
     try:
-        subprocess.run([interpreter.executable, "-m", "venv", "--clear", str(path)], check=True)
-        subprocess.run([*pip, "install", numpy_requirement], check=True)
+        version = importlib.metadata.version("pip")
+    except importlib.metadata.PackageNotFoundError:
+        version = ""
+    numbers = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    if numbers < PIP_WITH_PYTHON_OPTION:
+        raise StubPythonError(
+            f"{sys.executable} has {f'pip {version}' if version else 'no pip'}; install-triton installs the "
+            f"stub's environment with pip {'.'.join(map(str, PIP_WITH_PYTHON_OPTION))} or newer: "
+            f"`{sys.executable} -m pip install --upgrade pip` (or `-m ensurepip`)"
+        )
+    return [sys.executable, "-m", "pip", "--quiet"]
+
+
+def create(
+    path: Path,
+    interpreter: Interpreter,
+    numpy_requirement: str = STUB_NUMPY,
+    index_options: Sequence[str] = (),
+) -> StubPython:
+    """Make the environment at `path` from `interpreter`, replacing what was there. `index_options` say
+    where pip finds the wheels (`--no-index --find-links DIR` for local ones only)."""
+    (path / MANIFEST).unlink(missing_ok=True)
+    pip = [*pip_command(), "--python", str(path / "bin" / "python")]
+    try:
         subprocess.run(
-            [*pip, "download", "--no-deps", "--only-binary=:all:", "--dest", str(path / "wheels"), PYZMQ],
+            [interpreter.executable, "-m", "venv", "--clear", "--without-pip", str(path)], check=True
+        )
+        subprocess.run([*pip, "install", *index_options, numpy_requirement], check=True)
+        subprocess.run(
+            [
+                *pip,
+                "download",
+                *index_options,
+                "--no-deps",
+                "--only-binary=:all:",
+                "--dest",
+                str(path / "wheels"),
+                PYZMQ,
+            ],
             check=True,
         )
     except subprocess.CalledProcessError as error:
-        raise StubPythonError(
+        raise WheelsNotFound(
             f"Provisioning the stub's environment in {path} failed: {' '.join(error.cmd)} "
             f"exited with {error.returncode}"
         ) from None
@@ -167,10 +269,12 @@ def create(path: Path, interpreter: Interpreter, numpy_requirement: str = STUB_N
     return stub
 
 
-def provision(path: Path, versions: Collection[str], requested: str | None = None) -> StubPython:
+def provision(
+    path: Path, versions: Collection[str], requested: str | None = None, index_options: Sequence[str] = ()
+) -> StubPython:
     """The stub's environment at `path` for one of `versions`: kept when it is there, unless another
     interpreter is requested, otherwise created."""
     existing = StubPython.load(path)
     if existing is not None and existing.version in versions and not requested:
         return existing
-    return create(path, choose_interpreter(versions, requested))
+    return create(path, choose_interpreter(versions, requested), index_options=index_options)

@@ -4,7 +4,10 @@ set-up installs both.
 Local mode needs a real `tritonserver` with the Python backend. Inside an NVIDIA Triton container it is
 `/opt/tritonserver`. Elsewhere it is the server shipped inside the `nvidia-pytriton` wheel, installed
 with `--no-deps --target` into a private directory so that the wheel's own `pytriton` package can never
-shadow ours: only its Triton files are kept. A locator finds a server in this order: an explicit
+shadow ours: only the Triton files that run are kept (the server, its libraries, the Python backend with
+the one stub the provisioned environment uses; not the stubs for other Pythons, nor the libpython that
+the wheel bundles for its 3.13 stub). The wheel comes from pip's index, or from a wheel file or folder
+given with `--from`, and then from nowhere else. A locator finds a server in this order: an explicit
 setting (argument or `KUBETRITON_TRITON_HOME`), `/opt/tritonserver`, then the private copy.
 
 The stub runs on the environment that `kubetriton.stub_python` provisions beside the private copy, never
@@ -23,14 +26,33 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from kubetriton.podenv import TRITON_VERSION
-from kubetriton.stub_python import ENV_STUB_PYTHON, StubPython, StubPythonError, provision
+from kubetriton.stub_python import (
+    ENV_STUB_PYTHON,
+    PYZMQ,
+    STUB_NUMPY,
+    StubPython,
+    StubPythonError,
+    WheelsNotFound,
+    choose_interpreter,
+    create,
+    pip_command,
+    provision,
+)
 
 WHEEL_REQUIREMENT = "nvidia-pytriton==0.7.0"
 """The wheel that ships tritonserver 2.51 (the same version as the pinned sidecar image)."""
+SERVER_SUBDIR = Path("pytriton", "tritonserver")
+LIBRARIES_SUBDIR = "nvidia_pytriton.libs"
+"""The wheel's bundled libraries; its binaries find them by a path relative to their own."""
+STUB_PYTHON_SUBDIR = "stub-python"
+BUNDLED_LIBPYTHON = re.compile(r"libpython3(?:-[0-9a-f]+)?\.(\d+)\.so")
+"""A libpython that the wheel bundles (mangled as libpython3-<hash>.13.so.1.0) for the stub of that
+Python; the other stubs link the provisioned environment's own."""
 ENV_TRITON_HOME = "KUBETRITON_TRITON_HOME"
 CONTAINER_HOME = Path("/opt/tritonserver")
 STUB_NAME = "triton_python_backend_stub"
@@ -50,7 +72,7 @@ def private_root() -> Path:
 
 
 def stub_python_path() -> Path:
-    return private_root() / "stub-python"
+    return private_root() / STUB_PYTHON_SUBDIR
 
 
 @dataclass(frozen=True)
@@ -84,19 +106,27 @@ class TritonHome:
         return env
 
 
-def find_server(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, tuple[Path, ...]]:
-    """The Triton installation local mode uses, in order: explicit, container, private copy; with the
-    library directories it needs."""
+def external_server(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """A Triton installation that is not the private copy: explicit, else the container's; None if neither."""
     explicit = explicit or os.environ.get(ENV_TRITON_HOME)
     if explicit:
         if not (Path(explicit) / "bin" / "tritonserver").is_file():
             raise TritonNotFoundError(f"{ENV_TRITON_HOME}={explicit} holds no bin/tritonserver")
-        return Path(explicit), ()
+        return Path(explicit)
     if (CONTAINER_HOME / "bin" / "tritonserver").is_file():
-        return CONTAINER_HOME, ()
+        return CONTAINER_HOME
+    return None
+
+
+def find_server(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, tuple[Path, ...]]:
+    """The Triton installation local mode uses, in order: explicit, container, private copy; with the
+    library directories it needs."""
+    external = external_server(explicit)
+    if external is not None:
+        return external, ()
     root = private_root()
-    if (root / "pytriton" / "tritonserver" / "bin" / "tritonserver").is_file():
-        return root / "pytriton" / "tritonserver", (root / "nvidia_pytriton.libs",)
+    if (root / SERVER_SUBDIR / "bin" / "tritonserver").is_file():
+        return root / SERVER_SUBDIR, (root / LIBRARIES_SUBDIR,)
     raise TritonNotFoundError(
         "No tritonserver found. Run `kubetriton install-triton` (installs Triton "
         f"{TRITON_VERSION} into {root}), set {ENV_TRITON_HOME} to a Triton installation, "
@@ -156,37 +186,129 @@ def link_python_backend(server: Path, stub_python: StubPython) -> None:
         link.symlink_to(source)
 
 
-def install() -> Path:
-    """Install the private Triton: only the server files of the wheel are kept."""
+@dataclass(frozen=True)
+class WheelSource:
+    """Where install-triton takes its wheels from: pip's index as configured, or (`path`) a wheel file of
+    nvidia-pytriton or a folder holding it, beside the NumPy 1.x and pyzmq wheels for the stub's Python,
+    and then no index at all."""
+
+    path: Path | None = None
+
+    @property
+    def folder(self) -> Path | None:
+        if self.path is None:
+            return None
+        return self.path if self.path.is_dir() else self.path.parent
+
+    @property
+    def requirement(self) -> str:
+        return str(self.path) if self.path is not None and self.path.is_file() else WHEEL_REQUIREMENT
+
+    @property
+    def index_options(self) -> list[str]:
+        return [] if self.folder is None else ["--no-index", "--find-links", str(self.folder)]
+
+    def what_it_lacks(self, python: str | None = None) -> str:
+        """What to put where the wheels are looked for, when pip found something missing there; `python`
+        is the stub's CPython version, where it is known."""
+        version = python or "3.X"
+        wheels = f"{WHEEL_REQUIREMENT}, and {STUB_NUMPY} and {PYZMQ} for the stub's CPython {version}"
+        if self.folder is None:
+            return f"pip could not get {wheels}. Without a network, use --from a folder that holds them"
+        return (
+            f"{self.folder} must hold the wheels of {wheels}; where there is a network: "
+            f"`pip download --no-deps -d {self.folder} {WHEEL_REQUIREMENT}` and `pip download "
+            f"--only-binary=:all: --python-version {version} -d {self.folder} '{STUB_NUMPY}' '{PYZMQ}'`"
+        )
+
+
+class InstallError(RuntimeError):
+    """The private Triton cannot be installed; the message says why and what to do."""
+
+
+def unused_files(stub_versions_present: Iterable[str], libraries: Iterable[str], version: str) -> list[Path]:
+    """The wheel's files, relative to the private root, that the stub for `version` does not use: the
+    stubs for the other Pythons, and libpythons bundled for them."""
+    unused = [SERVER_SUBDIR / STUBS_BY_VERSION / other for other in stub_versions_present if other != version]
+    for library in libraries:
+        bundled = BUNDLED_LIBPYTHON.match(library)
+        if bundled and f"3.{bundled.group(1)}" != version:
+            unused.append(Path(LIBRARIES_SUBDIR, library))
+    return sorted(unused)
+
+
+def keep_only_what_runs(root: Path, version: str) -> None:
+    """Remove from the wheel's files at `root` what the stub for `version` does not use."""
+    server = root / SERVER_SUBDIR
+    libraries = [path.name for path in (root / LIBRARIES_SUBDIR).iterdir()]
+    for relative in unused_files(stub_versions(server), libraries, version):
+        target = root / relative
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
+
+
+def installed_stub_python() -> StubPython | None:
+    """The provisioned environment of the private copy, if the copy has a server and the stub for it."""
+    server = private_root() / SERVER_SUBDIR
+    stub_python = StubPython.load(stub_python_path())
+    if not (server / "bin" / "tritonserver").is_file() or stub_python is None:
+        return None
+    return stub_python if stub_python.version in stub_versions(server) else None
+
+
+def install(source: WheelSource, requested: str | None = None) -> StubPython:
+    """The stub's environment, for the Triton that local mode will use. Where that is not the private copy
+    (an explicit installation, a Triton container), only the environment is provisioned. The private copy
+    and its environment are kept as they are when they are there and no other interpreter is requested
+    (a copy that an earlier kubetriton installed whole is left whole: other tools may read its other
+    stubs), otherwise installed afresh from the wheel, keeping only what runs."""
+    external = external_server()
+    if external is not None:
+        try:
+            return provision(stub_python_path(), stub_versions(external), requested, source.index_options)
+        except WheelsNotFound as error:
+            raise InstallError(f"{error}. {source.what_it_lacks()}") from None
     root = private_root()
-    if (root / "pytriton" / "tritonserver" / "bin" / "tritonserver").is_file():
-        return root
+    current = None if requested else installed_stub_python()
+    if current is not None:
+        link_python_backend(root / SERVER_SUBDIR, current)
+        return current
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root.parent) as staging:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-deps",
-                "--target",
-                staging,
-                WHEEL_REQUIREMENT,
-            ],
-            check=True,
-        )
-        kept = Path(staging) / "kept"
-        (kept / "pytriton").mkdir(parents=True)
-        shutil.move(Path(staging) / "pytriton" / "tritonserver", kept / "pytriton" / "tritonserver")
-        shutil.move(Path(staging) / "nvidia_pytriton.libs", kept / "nvidia_pytriton.libs")
+        unpacked, kept = Path(staging) / "wheel", Path(staging) / "kept"
+        pip = [*pip_command(), "install", "--no-deps", "--target", str(unpacked), *source.index_options]
+        try:
+            subprocess.run([*pip, source.requirement], check=True)
+        except subprocess.CalledProcessError:
+            raise InstallError(source.what_it_lacks()) from None
+        (kept / SERVER_SUBDIR).parent.mkdir(parents=True)
+        shutil.move(unpacked / SERVER_SUBDIR, kept / SERVER_SUBDIR)
+        shutil.move(unpacked / LIBRARIES_SUBDIR, kept / LIBRARIES_SUBDIR)
+        interpreter = choose_interpreter(stub_versions(kept / SERVER_SUBDIR), requested)
+        try:
+            create(kept / STUB_PYTHON_SUBDIR, interpreter, index_options=source.index_options)
+        except WheelsNotFound as error:
+            raise InstallError(f"{error}. {source.what_it_lacks(interpreter.version)}") from None
+        keep_only_what_runs(kept, interpreter.version)
         shutil.rmtree(root, ignore_errors=True)
         kept.rename(root)
-    return root
+    stub_python = StubPython.load(stub_python_path())
+    assert stub_python is not None
+    link_python_backend(root / SERVER_SUBDIR, stub_python)
+    return stub_python
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        metavar="PATH",
+        help=f"a {WHEEL_REQUIREMENT} wheel file, or a folder holding it; the {STUB_NUMPY} and {PYZMQ} wheels "
+        "for the stub's Python are taken from the same folder, and no package index is used",
+    )
     parser.add_argument(
         "--stub-python",
         default=os.environ.get(ENV_STUB_PYTHON),
@@ -196,15 +318,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    root = install()
-    print(f"tritonserver {TRITON_VERSION} installed in {root}")
-    server, _ = find_server()
-    try:
-        stub_python = provision(stub_python_path(), stub_versions(server), args.stub_python)
-    except StubPythonError as error:
-        print(f"kubetriton install-triton: {error}")
+    if args.source is not None and not args.source.exists():
+        print(f"kubetriton install-triton: --from {args.source}: no such file or folder", file=sys.stderr)
         return 1
-    if (server / STUBS_BY_VERSION).is_dir():
-        link_python_backend(server, stub_python)
+    try:
+        stub_python = install(WheelSource(args.source), args.stub_python)
+    except (InstallError, StubPythonError) as error:
+        print(f"kubetriton install-triton: {error}", file=sys.stderr)
+        return 1
+    print(f"tritonserver {TRITON_VERSION} installed in {private_root()}")
     print(f"Python-backend stub: Python {stub_python.version} with NumPy 1.x in {stub_python.path}")
     return 0

@@ -888,7 +888,7 @@ class Triton(_Serving):
         `kubetriton.drain` explains; after an unrecoverable error the sidecar keeps running for the
         restarted worker."""
         assert self._pod is not None
-        ports = (podenv.HTTP_PORT, podenv.GRPC_PORT)
+        ports = (self._pod.triton_http_port, self._pod.triton_grpc_port)
         clients = self._wait_until_idle(
             self._pod.drain_seconds, lambda: (client_connections(ports) or 0) if self._signalled else 0
         )
@@ -1028,7 +1028,7 @@ class Triton(_Serving):
         settings = self._pod
         assert settings is not None
         self._control = TritonControl(
-            f"http://{settings.triton_host}:{podenv.HTTP_PORT}", access_token=self.get_access_token()
+            f"http://{settings.triton_host}:{settings.triton_http_port}", access_token=self.get_access_token()
         )
         self._health = HealthServer(
             settings.health_port,
