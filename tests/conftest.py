@@ -63,6 +63,17 @@ def free_ports(count: int) -> list[int]:
     raise RuntimeError(f"no {count} free ports in {TEST_PORTS}")
 
 
+def consecutive_free_ports(count: int) -> int:
+    """The first of `count` consecutive ports claimed as `free_ports` claims them: a pod's health port
+    and those of its worker processes after it."""
+    PORT_CLAIMS.mkdir(exist_ok=True)
+    for _ in range(len(TEST_PORTS)):
+        first = random.randrange(TEST_PORTS.start, TEST_PORTS.stop - count)
+        if all(_claim(port) for port in range(first, first + count)):
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports in {TEST_PORTS}")
+
+
 def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
     """A certificate for localhost and 127.0.0.1, valid for a day, and its key: (server.pem, server.key)."""
     if shutil.which("openssl") is None:

@@ -45,7 +45,7 @@ from kubetriton.triton_home import TritonHome, locate
 from pytriton.client import DecoupledModelClient, ModelClient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ServicePort, free_ports
+from tests.conftest import ServicePort, consecutive_free_ports, free_ports
 from tests.user_images import user_image, worker_image_wheels
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,9 +118,11 @@ class Pod:
         triton_args: Sequence[str] = (),
         script: str = WORKER_SCRIPT,
         models: Sequence[str] = ("Identity",),
+        processes: int = 1,
     ) -> None:
         model = yaml.safe_load((REPO / "examples/identity/model.yaml").read_text())
         model["spec"]["models"] = list(models)
+        model["spec"]["worker"]["processes"] = processes
         model["spec"]["drainSeconds"] = DRAIN_SECONDS
         model["spec"]["triton"] = {"args": list(triton_args)}
         model_file = tmp_path / "model.yaml"
@@ -143,7 +145,8 @@ class Pod:
         self.script.write_text(script)
         self.tmp_path = tmp_path
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.http_port, self.grpc_port, self.metrics_port, self.health_port = free_ports(4)
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
+        self.health_port = consecutive_free_ports(1 + processes)  # and its worker processes' after it
         self._ports = {
             f"--http-port={podenv.HTTP_PORT}": f"--http-port={self.http_port}",
             f"--grpc-port={podenv.GRPC_PORT}": f"--grpc-port={self.grpc_port}",

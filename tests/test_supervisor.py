@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -12,6 +10,8 @@ import pytest
 from kubetriton import podenv
 from kubetriton.health import HealthServer, ProcessesHealth
 from kubetriton.supervisor import RestartPolicy, _differences, process_devices, process_environment
+
+from tests.conftest import consecutive_free_ports
 
 POLICY = RestartPolicy(quick_exit_s=60, give_up_after=5, backoff_s=(0, 1, 2, 4, 8))
 
@@ -99,22 +99,6 @@ def test_differences_between_asks_for_the_server_name_the_settings() -> None:
     assert _differences(first, second) == ["config.http_port", "config.log_verbose", "workspace"]
 
 
-def free_port_run(count: int) -> int:
-    """The first of `count` consecutive ports that nothing listens on: the pod's and its processes'."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        with contextlib.ExitStack() as stack:
-            try:
-                for port in range(first, first + count):
-                    stack.enter_context(socket.socket()).bind(("0.0.0.0", port))
-            except OSError:
-                continue
-            return first
-    raise AssertionError(f"no {count} consecutive free ports")
-
-
 class _Worker:
     """What the health endpoint reads of a model's worker."""
 
@@ -128,7 +112,7 @@ class _Worker:
 @pytest.fixture
 def processes() -> Iterator[tuple[int, list[_Worker], ProcessesHealth]]:
     """Two processes' real probe endpoints on loopback, and the pod's endpoint in front of them."""
-    port = free_port_run(3)
+    port = consecutive_free_ports(3)
     workers = [_Worker(attached=True), _Worker(attached=False)]
     servers = [
         HealthServer(
@@ -167,7 +151,7 @@ def test_the_pod_is_ready_when_every_process_is(processes) -> None:
 
 
 def test_a_process_that_does_not_answer_keeps_the_pod_unready() -> None:
-    port = free_port_run(2)
+    port = consecutive_free_ports(2)
     pod = ProcessesHealth(port, processes=1, draining=lambda: False, restarts=lambda: [0])
     pod.start()
     try:
