@@ -20,29 +20,9 @@ import pytest
 
 from e2e.cluster import INSTANCE_LABEL, Cluster, Settings, kubectl, port_forward, wait_for
 from e2e.test_deploy import USER_IMAGES, deploy
+from tests.test_pod_processes import SCRIPT
 from tests.test_processes import ClosedLoop
 
-SERVE = """
-import os
-
-import numpy as np
-from pytriton.decorators import batch
-from pytriton.model_config import ModelConfig, Tensor
-from pytriton.triton import Triton
-
-INDEX = int(os.environ.get("KUBETRITON_PROCESS_INDEX", "0"))
-
-
-@batch
-def which(x):
-    return {"process": np.tile(np.array([[INDEX, os.getpid()]], np.int64), (x.shape[0], 1))}
-
-
-with Triton() as triton:
-    triton.bind("Which", which, [Tensor(name="x", shape=(1,), dtype=np.float32)],
-                [Tensor(name="process", shape=(2,), dtype=np.int64)], config=ModelConfig(max_batch_size=8))
-    triton.serve()
-"""
 KILL = """
 import os, signal
 for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -98,7 +78,7 @@ def _through_deploy(cluster: Cluster, settings: Settings, name: str, script: Pat
 def _model(cluster: Cluster, settings: Settings, how: str, tmp_path: Path) -> Iterator[str]:
     name = f"processes-{how}"
     script = tmp_path / "serve.py"
-    script.write_text(SERVE)
+    script.write_text(SCRIPT)
     try:
         {"worker-image": _from_the_worker_image, "deploy": _through_deploy}[how](
             cluster, settings, name, script
