@@ -483,8 +483,8 @@ def test_an_autoscaled_deployment_is_created_with_its_minimum() -> None:
 
 def test_the_handover_keeps_the_live_count_but_not_below_the_minimum() -> None:
     autoscaled = model_with(autoscaling={"minReplicas": 2, "maxReplicas": 5})
-    assert children.build_replicas_handover(autoscaled, 3)["spec"] == {"replicas": 3}
-    assert children.build_replicas_handover(autoscaled, 1)["spec"] == {"replicas": 2}
+    assert children.build_replicas(autoscaled, 3)["spec"] == {"replicas": 3}
+    assert children.build_replicas(autoscaled, 1)["spec"] == {"replicas": 2}
 
 
 def test_a_stamped_child_carries_the_fingerprint_of_what_is_applied() -> None:

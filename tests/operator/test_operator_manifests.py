@@ -51,6 +51,8 @@ def test_crd_objects_keep_their_fields_and_subresources_are_set() -> None:
         "Ready": 0,
         "Replicas": 0,
         "Available": 0,
+        "Desired": 0,
+        "Targets": 0,
         "Models": 0,
         "GPUs": 0,
         "Age": 0,

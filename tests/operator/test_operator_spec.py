@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -58,6 +59,52 @@ RULE_CASES = [
         _with(spec__autoscaling={"minReplicas": 3, "maxReplicas": 2}),
         "spec.autoscaling.maxReplicas",
         spec.MAX_AT_LEAST_MIN,
+    ),
+    (
+        "queue time target",
+        _with(spec__autoscaling={"maxReplicas": 6, "targetQueueMilliseconds": 10}),
+        None,
+        None,
+    ),
+    (
+        "in-flight target with its windows and steps",
+        _with(
+            spec__autoscaling={
+                "maxReplicas": 6,
+                "targetInFlightPerPod": 4,
+                "tolerance": 0.2,
+                "scaleUp": {"stabilizationSeconds": 30, "maxPods": 2, "periodSeconds": 60},
+                "scaleDown": {"stabilizationSeconds": 600},
+            }
+        ),
+        None,
+        None,
+    ),
+    (
+        "queue time and in-flight targets",
+        _with(spec__autoscaling={"maxReplicas": 6, "targetQueueMilliseconds": 10, "targetInFlightPerPod": 4}),
+        "spec.autoscaling.targetInFlightPerPod",
+        spec.QUEUE_OR_IN_FLIGHT,
+    ),
+    (
+        "queue time with a CPU target",
+        _with(
+            spec__autoscaling={"maxReplicas": 6, "targetQueueMilliseconds": 10, "targetCPUUtilization": 70}
+        ),
+        "spec.autoscaling.targetCPUUtilization",
+        spec.MODEL_SIGNAL_WITHOUT_CPU,
+    ),
+    (
+        "in-flight with HPA metrics",
+        _with(spec__autoscaling={"maxReplicas": 6, "targetInFlightPerPod": 4, "metrics": [{"type": "Pods"}]}),
+        "spec.autoscaling.metrics",
+        spec.MODEL_SIGNAL_WITHOUT_METRICS,
+    ),
+    (
+        "scale-down window on CPU",
+        _with(spec__autoscaling={"maxReplicas": 6, "scaleDown": {"stabilizationSeconds": 60}}),
+        "spec.autoscaling",
+        spec.BEHAVIOR_NEEDS_MODEL_SIGNAL,
     ),
     ("whole GPUs", _with(spec__gpus={"count": 2}), None, None),
     ("MIG slice", _with(spec__gpus={"count": 1, "resourceName": "nvidia.com/mig-1g.10gb"}), None, None),
@@ -252,6 +299,39 @@ def test_resources_are_amounts_by_name_only() -> None:
 def test_every_rule_in_the_crd_is_exercised() -> None:
     exercised = {case[3]["rule"] for case in RULE_CASES if case[3] is not None}
     assert {rule["rule"] for _, _, rule in rules(load_schema())} == exercised
+
+
+AUTOSCALING_BOUND_CASES = [
+    ("a queue time of zero", {"targetQueueMilliseconds": 0}, "spec.autoscaling.targetQueueMilliseconds"),
+    ("no requests in flight", {"targetInFlightPerPod": 0}, "spec.autoscaling.targetInFlightPerPod"),
+    ("a tolerance of 100%", {"targetInFlightPerPod": 4, "tolerance": 1}, "spec.autoscaling.tolerance"),
+    (
+        "a step of no pods",
+        {"targetInFlightPerPod": 4, "scaleUp": {"maxPods": 0}},
+        "spec.autoscaling.scaleUp.maxPods",
+    ),
+    (
+        "a window of a day",
+        {"targetInFlightPerPod": 4, "scaleDown": {"stabilizationSeconds": 86400}},
+        "spec.autoscaling.scaleDown.stabilizationSeconds",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [case[1:] for case in AUTOSCALING_BOUND_CASES],
+    ids=[case[0] for case in AUTOSCALING_BOUND_CASES],
+)
+def test_autoscaling_numbers_out_of_range_are_refused_by_both(fields: dict[str, Any], field: str) -> None:
+    obj = _with(spec__autoscaling={"maxReplicas": 6, **fields})
+    _, errors = admit(obj)
+    assert len(errors) == 1 and re.search(r"is (less|greater) than the (minimum|maximum) of", errors[0]), (
+        errors
+    )
+    with pytest.raises(ValidationError) as raised:
+        PyTritonModel.model_validate(obj)
+    assert describe_validation_error(raised.value).startswith(f"{field}: ")
 
 
 BOUND_CASES = [

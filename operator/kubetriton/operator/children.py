@@ -83,7 +83,7 @@ def first_deployment(deployment: dict[str, Any], model: PyTritonModel) -> dict[s
     """The Deployment as it is created: an autoscaled model starts with its minimum of replicas.
 
     The count is set on creation only; from then on the autoscaler owns it (see
-    `build_replicas_handover`), and the Deployment keeps the fingerprint of the object without it.
+    `build_replicas`), and the Deployment keeps the fingerprint of the object without it.
     """
     if "replicas" in deployment["spec"]:
         return deployment
@@ -92,13 +92,13 @@ def first_deployment(deployment: dict[str, Any], model: PyTritonModel) -> dict[s
     return first
 
 
-def build_replicas_handover(model: PyTritonModel, replicas: int) -> dict[str, Any]:
-    """The Deployment's current replica count alone, for a second field manager to co-own.
+def build_replicas(model: PyTritonModel, replicas: int) -> dict[str, Any]:
+    """The Deployment's replica count alone (at least the autoscaler's minimum), for a field manager
+    other than the operator's own: the operator's autoscaler, or the handover below.
 
     Under server-side apply, a field that its only manager stops applying is removed, and a
-    Deployment without replicas falls back to one. Applying the live count (raised to the
-    autoscaler's minimum) under another manager first keeps it while the autoscaler takes the
-    field over.
+    Deployment without replicas falls back to one. Applying the live count under another manager
+    first keeps it while an autoscaler takes the field over.
     """
     metadata: dict[str, Any] = {"name": model.metadata.name}
     if model.metadata.namespace:
@@ -146,7 +146,8 @@ def build_pod_disruption_budget(model: PyTritonModel) -> dict[str, Any]:
 
 
 def build_horizontal_pod_autoscaler(model: PyTritonModel) -> dict[str, Any]:
-    """The autoscaler of the Deployment; CPU utilisation when no metrics are given."""
+    """The HorizontalPodAutoscaler of the Deployment; CPU utilisation when no metrics are given. (A model
+    scaled on its own signals has none: the operator scales it, see `autoscaler`.)"""
     autoscaling = model.spec.autoscaling
     assert autoscaling is not None, "only models with autoscaling have an autoscaler"
     metrics = autoscaling.metrics or [
@@ -196,7 +197,7 @@ def wanted_kinds(model: PyTritonModel, *, service_monitor: bool) -> list[ChildKi
     kinds = [DEPLOYMENT, SERVICE]
     if model.spec.min_replicas > 1:
         kinds.append(POD_DISRUPTION_BUDGET)
-    if model.spec.autoscaling is not None:
+    if model.spec.autoscaling is not None and not model.spec.scaled_by_operator:
         kinds.append(HORIZONTAL_POD_AUTOSCALER)
     if service_monitor:
         kinds.append(SERVICE_MONITOR)

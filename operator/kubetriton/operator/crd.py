@@ -19,6 +19,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
     {"name": "Available", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {"name": "Desired", "type": "integer", "jsonPath": ".status.autoscaling.desiredReplicas"},
+    {"name": "Targets", "type": "string", "jsonPath": ".status.autoscaling.targets"},
     {"name": "Models", "type": "string", "jsonPath": ".spec.models"},
     {"name": "GPUs", "type": "integer", "jsonPath": ".spec.gpus.count"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -31,6 +31,8 @@ import kopf
 FIELD_MANAGER = "kubetriton-operator"
 HANDOVER_FIELD_MANAGER = "kubetriton-operator-handover"
 """Co-owns a Deployment's replica count while the autoscaler takes it over (see `children`)."""
+AUTOSCALER_FIELD_MANAGER = "kubetriton-autoscaler"
+"""Owns the replica count of a Deployment the operator scales on the model's own signals."""
 REQUEST_TIMEOUT_SECONDS = 30
 MAX_REQUESTS_IN_FLIGHT = 16
 NO_ANSWER = 0

@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         default=None,
         help="serve the operator's health at this URL, e.g. http://0.0.0.0:8080/healthz: "
-        "200 while it serves models, 503 while their CRD is missing",
+        "200 while it serves models, 503 while their CRD is missing; its Prometheus metrics at /metrics "
+        "on the same port",
     )
     election = parser.add_argument_group(
         "leader election (several replicas; only the Lease's holder reconciles)"
@@ -62,6 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="at most N serving models roll their pods at once for a change of the operator's own "
         "pod template (an upgrade); spec changes are never held back (%(default)d)",
+    )
+    parser.add_argument(
+        "--autoscale-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often the leader reads the pods of the models it scales on their own signals "
+        "(autoscaling.targetQueueMilliseconds or targetInFlightPerPod) and decides (%(default)g)",
     )
     parser.add_argument(
         "--worker-image",

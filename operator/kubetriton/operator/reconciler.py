@@ -22,6 +22,11 @@ spec is acted on at once here. The failure is kept in the status (Degraded, with
 message) until every child is applied. A namespace being deleted is left alone: nothing is
 applied, written or announced in it.
 
+A model scaled on its own signals (autoscaling.targetQueueMilliseconds or targetInFlightPerPod) gets
+no HorizontalPodAutoscaler: the operator's `autoscaler`, which runs beside the handlers, decides its
+replicas, and applies them here, under the model's lock, with a field manager of its own that the
+Deployment's applies never touch.
+
 Nothing here builds a manifest: that is `children`'s job, and the status is `status`'s.
 """
 
@@ -36,8 +41,9 @@ from typing import Any
 
 import kopf
 from kopf._cogs.structs import references
-from kubetriton.operator import children, naming, status
+from kubetriton.operator import autoscaler, children, naming, status
 from kubetriton.operator.kube import (
+    AUTOSCALER_FIELD_MANAGER,
     FIELD_MANAGER,
     HANDOVER_FIELD_MANAGER,
     NOT_SENT,
@@ -231,14 +237,17 @@ def _child_summary(body: kopf.Body, namespace: str, labels: Mapping[str, str], *
 
 
 def _pod_summary(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any) -> dict[Key, Any]:
-    """What the status reads of a pod: its scheduling condition and its containers' states."""
+    """What the status reads of a pod (its scheduling condition and its containers' states), and what the
+    autoscaler needs (whether it is Ready, its address)."""
     observed = body.status
 
     def containers(field: str) -> list[dict[str, Any]]:
         kept = ("name", "ready", "state", "lastState")
         return [{key: entry[key] for key in kept if key in entry} for entry in observed.get(field) or []]
 
-    scheduling = [c for c in observed.get("conditions") or [] if c.get("type") == "PodScheduled"]
+    conditions = observed.get("conditions") or []
+    scheduling = [c for c in conditions if c.get("type") == "PodScheduled"]
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     return {
         (namespace, labels.get(naming.INSTANCE_LABEL, "")): {
             "metadata": {
@@ -246,6 +255,8 @@ def _pod_summary(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_
                 **({"deletionTimestamp": True} if body.metadata.get("deletionTimestamp") else {}),
             },
             "status": {
+                "podIP": observed.get("podIP", ""),
+                "ready": ready,
                 "conditions": scheduling,
                 "initContainerStatuses": containers("initContainerStatuses"),
                 "containerStatuses": containers("containerStatuses"),
@@ -296,6 +307,8 @@ class ModelState:
     """The Deployment as the operator's last apply returned it, until the index has caught up."""
     stale: bool = False
     """Children changed while the lock was held: the status is refreshed before it is let go."""
+    autoscaling: dict[str, Any] | None = None
+    """status.autoscaling as the operator's autoscaler last decided it."""
 
     def cancel_retry(self) -> None:
         if self.retry is not None:
@@ -314,7 +327,9 @@ class Reconciler:
         worker_image: str | None = None,
         *,
         max_concurrent_rollouts: int = MAX_CONCURRENT_ROLLOUTS,
+        autoscaler_options: Mapping[str, Any] | None = None,
     ) -> None:
+        """`autoscaler_options` go to the operator's own `autoscaler.Autoscaler` (its interval)."""
         self.api = api
         self.worker_image = worker_image
         self.retry_delays = retry_delays
@@ -328,6 +343,8 @@ class Reconciler:
         self.indices: Mapping[str, kopf.Index[Any, Any]] = {}
         self._models: dict[Key, ModelState] = {}
         self._retries: set[asyncio.Task[None]] = set()
+        self.autoscaler = autoscaler.Autoscaler(self, **(autoscaler_options or {}))
+        self._autoscaling: asyncio.Task[None] | None = None
 
     # What the indexes say.
 
@@ -395,6 +412,9 @@ class Reconciler:
         self.indices = {index_id: kwargs[index_id] for index_id in ALL_INDEXES}
 
     async def stop(self, **_: Any) -> None:
+        if self._autoscaling is not None:
+            self._autoscaling.cancel()
+            await asyncio.gather(self._autoscaling, return_exceptions=True)
         for state in self._models.values():
             state.cancel_retry()
         for task in list(self._retries):
@@ -542,9 +562,11 @@ class Reconciler:
             child = children.stamped(child)
             if kind is children.DEPLOYMENT and observed is None:
                 child = children.first_deployment(child, model)
-            elif kind is children.DEPLOYMENT and model.spec.autoscaling and observed["ownsReplicas"]:
-                handover = children.build_replicas_handover(model, observed["spec"]["replicas"])
-                await self._apply(kind, handover, HANDOVER_FIELD_MANAGER)
+            elif kind is children.DEPLOYMENT and model.spec.autoscaling:
+                live = self._deployment(key) or observed  # the autoscaler's last write, if newer
+                if live["ownsReplicas"]:
+                    handover = children.build_replicas(model, live["spec"]["replicas"])
+                    await self._apply(kind, handover, HANDOVER_FIELD_MANAGER)
             answer = await self._apply(kind, child)
             if kind is children.DEPLOYMENT:
                 state.applied_deployment = _deployment_summary(answer)
@@ -592,11 +614,20 @@ class Reconciler:
 
     # Status.
 
-    def _status(self, state: ModelState, owner: Mapping[str, Any], key: Key) -> dict[str, Any]:
+    def _status(
+        self, state: ModelState, owner: Mapping[str, Any], key: Key, previous: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The model's status; status.autoscaling as the autoscaler decided it, and gone once the
+        operator no longer scales the model."""
         model = self._parse(state, owner)
         if isinstance(model, str):
             return status.invalid_spec(key[1], key[0], model)
-        return status.summarize(model, self._deployment(key), self._pods(key), state.failure)
+        summary = status.summarize(model, self._deployment(key), self._pods(key), state.failure)
+        if model.spec.scaled_by_operator and state.autoscaling is not None:
+            summary["autoscaling"] = state.autoscaling
+        elif not model.spec.scaled_by_operator and previous.get("autoscaling"):
+            summary["autoscaling"] = None
+        return summary
 
     async def _publish(
         self,
@@ -609,7 +640,7 @@ class Reconciler:
     ) -> None:
         """Write the status when it differs from the last one written, and announce Ready changes."""
         previous = state.written if state.written is not None else owner.get("status") or {}
-        new_status = self._status(state, owner, key)
+        new_status = self._status(state, owner, key, previous)
         new_status["conditions"] = status.stamp_transitions(
             new_status["conditions"], previous.get("conditions", []), _now()
         )
@@ -646,6 +677,66 @@ class Reconciler:
                 dict(owner), type="Warning" if degraded else "Normal", reason=new["reason"], message=message
             )
 
+    # The operator's own autoscaler (`autoscaler.Host`).
+
+    def scaled_models(self) -> list[tuple[Key, PyTritonModel]]:
+        """The models whose autoscaling names a target of the model's own."""
+        models = self.indices.get(MODELS_INDEX)
+        scaled = []
+        for key in list(models.keys()) if models is not None else []:
+            owner = self._owner(key)
+            model = self._parse(self._state(key), owner) if owner is not None else None
+            if isinstance(model, PyTritonModel) and model.spec.scaled_by_operator:
+                scaled.append((key, model))
+        return scaled
+
+    def pods_of(self, key: Key) -> list[dict[str, Any]]:
+        return self._pods(key)
+
+    async def autoscale(
+        self,
+        key: Key,
+        scaler: autoscaler.ModelScaler,
+        observe: Callable[[int], autoscaler.Observation],
+    ) -> None:
+        """One decision of the autoscaler, under the model's lock, from the Deployment's replicas now: a
+        new count is applied by the autoscaler's own field manager and announced, and status.autoscaling
+        says what was decided and why."""
+
+        async def act(key: Key, state: ModelState, owner: dict[str, Any]) -> None:
+            model = self._parse(state, owner)
+            deployment = self._deployment(key)
+            if isinstance(model, str) or model.spec.autoscaling is None or deployment is None:
+                return
+            if not model.spec.scaled_by_operator:
+                return
+            logger = self._logger(owner)
+            policy = autoscaler.Policy.of(model.spec.autoscaling)
+            observation = observe(deployment["spec"]["replicas"])
+            now = self.autoscaler.clock()
+            decision = scaler.decide(policy, observation, now)
+            failure = ""
+            if decision.replicas != observation.replicas:
+                replicas = children.build_replicas(model, decision.replicas)
+                try:
+                    answer = await self._apply(children.DEPLOYMENT, replicas, AUTOSCALER_FIELD_MANAGER)
+                except ApplyError as failed:
+                    if failed.error.status == NOT_SENT or failed.error.namespace_terminating:
+                        return
+                    failure = str(failed)
+                    logger.warning(f"setting {decision.replicas} replicas failed: {failed}")
+                else:
+                    state.applied_deployment = _deployment_summary(answer)
+                    logger.info(decision.message)
+            announcement = None if failure else scaler.announcement(decision)
+            state.autoscaling = scaler.settle(policy, observation, decision, now, failure)
+            if announcement is not None:
+                kind, reason = announcement
+                kopf.event(dict(owner), type=kind, reason=reason, message=decision.message)
+            await self._publish(key, state, owner, logger)
+
+        await self._for_model(key, act)
+
     # kopf handlers.
 
     async def model_event(
@@ -653,6 +744,9 @@ class Reconciler:
     ) -> None:
         """A model listed at start, created, or with a spec not converged yet is converged; a deleted
         model's state is forgotten. Other events (its status, written here) change nothing."""
+        if self._autoscaling is None:
+            # started from a handler, whose context lets it post Events (kopf sets it per watch stream)
+            self._autoscaling = asyncio.create_task(self.autoscaler.run())
         key = (namespace, name)
         if type == "DELETED":
             state = self._models.pop(key, None)
@@ -703,13 +797,20 @@ def build_operator(
     worker_image: str | None = None,
     may_write: Callable[[], bool] | None = None,
     max_concurrent_rollouts: int = MAX_CONCURRENT_ROLLOUTS,
+    autoscaler_options: Mapping[str, Any] | None = None,
 ) -> Operator:
     """A registry with every handler of the operator, bound to one API session. `worker_image` runs the
-    pods' init step where a model's spec.bootstrap.image does not say otherwise."""
+    pods' init step where a model's spec.bootstrap.image does not say otherwise; `autoscaler_options`
+    go to the operator's own autoscaler (its interval, and in tests the pods' ports)."""
     registry = kopf.OperatorRegistry()
     api = KubeApi(timeout=request_timeout or REQUEST_TIMEOUT_SECONDS, may_write=may_write)
     reconciler = Reconciler(
-        api, retry_delays, refused_retry_delays, worker_image, max_concurrent_rollouts=max_concurrent_rollouts
+        api,
+        retry_delays,
+        refused_retry_delays,
+        worker_image,
+        max_concurrent_rollouts=max_concurrent_rollouts,
+        autoscaler_options=autoscaler_options,
     )
 
     @kopf.on.login(registry=registry)

@@ -44,6 +44,7 @@ from kubetriton.operator.reconciler import (
     login_from_environment,
     operator_settings,
 )
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 logger = logging.getLogger(__name__)
 
@@ -53,19 +54,31 @@ OUTAGE_ENV = "KUBETRITON_API_OUTAGE_SINCE"
 """Set by a leader that steps down during an outage: when the outage began (`time.monotonic()`, which
 is the machine's clock since boot and carries over `exec`)."""
 
+METRICS_PATH = "/metrics"
 Health = Callable[[], tuple[int, dict[str, Any]]]
 """The health endpoint's HTTP status and answer, as of now."""
 
 
-def health_app(path: str, health: Health) -> aiohttp.web.Application:
-    """One endpoint that says whether models are being served, and why not."""
+def health_app(
+    path: str, health: Health, metrics: CollectorRegistry | None = None
+) -> aiohttp.web.Application:
+    """One endpoint that says whether models are being served, and why not; and the operator's
+    Prometheus metrics at /metrics (its autoscaler's decisions)."""
 
     async def answer(_: aiohttp.web.Request) -> aiohttp.web.Response:
         status, body = health()
         return aiohttp.web.json_response(body, status=status)
 
+    async def exposition(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        assert metrics is not None
+        return aiohttp.web.Response(
+            body=generate_latest(metrics), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
     app = aiohttp.web.Application()
     app.router.add_get(path, answer)
+    if metrics is not None:
+        app.router.add_get(METRICS_PATH, exposition)
     return app
 
 
@@ -217,8 +230,11 @@ async def serve(args: argparse.Namespace, outages: ApiOutages) -> None:
         worker_image=args.worker_image,
         may_write=elector.leading if elector is not None else None,
         max_concurrent_rollouts=args.max_concurrent_rollouts,
+        autoscaler_options={"interval": args.autoscale_interval},
     )
     insights = Insights()
+    metrics = CollectorRegistry()
+    metrics.register(operator.reconciler.autoscaler.collector())
 
     def health() -> tuple[int, dict[str, Any]]:
         if elector is not None and not elector.leading():
@@ -229,7 +245,7 @@ async def serve(args: argparse.Namespace, outages: ApiOutages) -> None:
     runner = None
     if args.liveness:
         url = urllib.parse.urlsplit(args.liveness)
-        runner = aiohttp.web.AppRunner(health_app(url.path or "/", health), access_log=None)
+        runner = aiohttp.web.AppRunner(health_app(url.path or "/", health, metrics), access_log=None)
         await runner.setup()
         await aiohttp.web.TCPSite(runner, url.hostname or "0.0.0.0", url.port or 80).start()
     renewing = None

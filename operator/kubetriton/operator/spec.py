@@ -114,6 +114,33 @@ MAX_AT_LEAST_MIN = _cel(
     field_path=".maxReplicas",
     reason="FieldValueInvalid",
 )
+QUEUE_OR_IN_FLIGHT = _cel(
+    "!(has(self.targetQueueMilliseconds) && has(self.targetInFlightPerPod))",
+    "set one of autoscaling.targetQueueMilliseconds and autoscaling.targetInFlightPerPod, not both",
+    field_path=".targetInFlightPerPod",
+    reason="FieldValueForbidden",
+)
+_MODEL_SIGNAL_SET = "(has(self.targetQueueMilliseconds) || has(self.targetInFlightPerPod))"
+MODEL_SIGNAL_WITHOUT_CPU = _cel(
+    f"!({_MODEL_SIGNAL_SET} && has(self.targetCPUUtilization))",
+    "autoscaling.targetCPUUtilization is the HorizontalPodAutoscaler's target; the model's own signals"
+    " (targetQueueMilliseconds, targetInFlightPerPod) replace that autoscaler: leave it out",
+    field_path=".targetCPUUtilization",
+    reason="FieldValueForbidden",
+)
+MODEL_SIGNAL_WITHOUT_METRICS = _cel(
+    f"!({_MODEL_SIGNAL_SET} && has(self.metrics))",
+    "autoscaling.metrics are the HorizontalPodAutoscaler's; the model's own signals"
+    " (targetQueueMilliseconds, targetInFlightPerPod) replace that autoscaler: leave them out",
+    field_path=".metrics",
+    reason="FieldValueForbidden",
+)
+BEHAVIOR_NEEDS_MODEL_SIGNAL = _cel(
+    f"{_MODEL_SIGNAL_SET} || !(has(self.tolerance) || has(self.scaleUp) || has(self.scaleDown))",
+    "autoscaling.tolerance, scaleUp and scaleDown shape the operator's own autoscaler: set"
+    " targetQueueMilliseconds or targetInFlightPerPod with them",
+    reason="FieldValueForbidden",
+)
 GPU_RESOURCE_NAME = _cel(
     f"self.matches('{GPU_RESOURCE_PATTERN}')",
     "must be nvidia.com/gpu or a MIG resource such as nvidia.com/mig-1g.10gb",
@@ -404,25 +431,108 @@ class GpuSpec(_Model):
         return value
 
 
-class AutoscalingSpec(_Model):
-    """A HorizontalPodAutoscaler on the model's Deployment."""
+QUEUE_TIME = "QueueTime"
+IN_FLIGHT = "InFlight"
+DEFAULT_TOLERANCE = 0.1
+DEFAULT_SCALE_UP_STABILIZATION_SECONDS = 0
+DEFAULT_SCALE_UP_MAX_PODS = 4
+DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS = 300
+DEFAULT_SCALING_PERIOD_SECONDS = 15
+MAX_STABILIZATION_SECONDS = 3600
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [MAX_AT_LEAST_MIN]})
+
+class ScalingRules(_Model):
+    """How fast the operator's own autoscaler may move the replica count in one direction."""
+
+    stabilization_seconds: Annotated[int | None, Field(ge=0, le=MAX_STABILIZATION_SECONDS)] = None
+    """Seconds over which recommendations are remembered: a scale-up goes to the lowest of them, a
+    scale-down to the highest, so a short burst or lull moves nothing. 0 to 3600; 0 up, 300 down when
+    unset."""
+    max_pods: Annotated[int | None, Field(ge=1, le=MAX_REPLICAS)] = None
+    """The most pods added (or removed) within periodSeconds, 1 to 1000; 4 up and no limit down when
+    unset. minReplicas and maxReplicas win over it."""
+    period_seconds: Annotated[int | None, Field(ge=1, le=1800)] = None
+    """The window maxPods counts over, 1 to 1800 seconds; 15 when unset."""
+
+
+class AutoscalingSpec(_Model):
+    """How many pods, between minReplicas and maxReplicas: by the model's own signals
+    (targetQueueMilliseconds or targetInFlightPerPod, which the operator reads from the pods), or by a
+    HorizontalPodAutoscaler on CPU (targetCPUUtilization) or on autoscaling/v2 metrics."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                MAX_AT_LEAST_MIN,
+                QUEUE_OR_IN_FLIGHT,
+                MODEL_SIGNAL_WITHOUT_CPU,
+                MODEL_SIGNAL_WITHOUT_METRICS,
+                BEHAVIOR_NEEDS_MODEL_SIGNAL,
+            ]
+        }
+    )
 
     min_replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] = 1
     """The fewest pods the autoscaler keeps, 1 to 1000."""
     max_replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
     """The most pods the autoscaler may run, 1 to 1000, and at least minReplicas."""
     target_cpu_utilization: Annotated[int | None, Field(ge=1, le=100, alias="targetCPUUtilization")] = None
-    """Average CPU utilisation (percent of requests) to aim for; 80 when no metrics are given."""
+    """Average CPU utilisation (percent of requests) for a HorizontalPodAutoscaler to aim for; 80 when
+    neither metrics nor a target of the model's own is given."""
     metrics: list[PassThrough] = []
-    """autoscaling/v2 MetricSpec entries, used as they are."""
+    """autoscaling/v2 MetricSpec entries for a HorizontalPodAutoscaler, used as they are."""
+    target_queue_milliseconds: Annotated[float | None, Field(ge=0.01, le=3_600_000)] = None
+    """Average time a request waits in Triton's queue before the model runs it, in milliseconds, across
+    the pods and the slowest of the models: the operator sets the replicas from it (no
+    HorizontalPodAutoscaler)."""
+    target_in_flight_per_pod: Annotated[float | None, Field(ge=0.01, le=1_000_000)] = None
+    """Requests queued in Triton or running in the callable, per pod, summed over the pod's models:
+    the operator sets the replicas from it (no HorizontalPodAutoscaler)."""
+    tolerance: Annotated[float | None, Field(ge=0, le=0.99)] = None
+    """How far the signal may stray from its target, as a fraction of it, before the replicas change;
+    0.1 when unset. Only with a target of the model's own."""
+    scale_up: ScalingRules | None = None
+    """Stabilization and step limit when adding pods (by default at once, at most 4 pods per 15 s).
+    Only with a target of the model's own."""
+    scale_down: ScalingRules | None = None
+    """Stabilization and step limit when removing pods (by default once every recommendation of the
+    last 300 s is lower, with no step limit). Only with a target of the model's own."""
 
     @model_validator(mode="after")
     def _max_at_least_min(self) -> AutoscalingSpec:
         if self.max_replicas < self.min_replicas:
             raise ValueError(MAX_AT_LEAST_MIN["message"])
         return self
+
+    @model_validator(mode="after")
+    def _one_kind_of_target(self) -> AutoscalingSpec:
+        fields = self.model_fields_set
+        if {"target_queue_milliseconds", "target_in_flight_per_pod"} <= fields:
+            raise ValueError(QUEUE_OR_IN_FLIGHT["message"])
+        if self.signal is not None and "target_cpu_utilization" in fields:
+            raise ValueError(MODEL_SIGNAL_WITHOUT_CPU["message"])
+        if self.signal is not None and "metrics" in fields:
+            raise ValueError(MODEL_SIGNAL_WITHOUT_METRICS["message"])
+        if self.signal is None and fields & {"tolerance", "scale_up", "scale_down"}:
+            raise ValueError(BEHAVIOR_NEEDS_MODEL_SIGNAL["message"])
+        return self
+
+    @property
+    def signal(self) -> str | None:
+        """QUEUE_TIME or IN_FLIGHT when the operator scales on the model's own signal; None when a
+        HorizontalPodAutoscaler does."""
+        if self.target_queue_milliseconds is not None:
+            return QUEUE_TIME
+        if self.target_in_flight_per_pod is not None:
+            return IN_FLIGHT
+        return None
+
+    @property
+    def target(self) -> float:
+        """The target of the model's own signal (milliseconds, or requests per pod)."""
+        target = self.target_queue_milliseconds or self.target_in_flight_per_pod
+        assert target is not None, "only an autoscaler on the model's own signal has a target"
+        return target
 
 
 class SchedulingSpec(_Model):
@@ -497,7 +607,8 @@ class PyTritonModelSpec(_Model):
     replicas: Annotated[int | None, Field(ge=0, le=MAX_REPLICAS)] = None
     """Fixed number of pods, 0 to 1000 (1 when neither this nor autoscaling is set)."""
     autoscaling: AutoscalingSpec | None = None
-    """Let a HorizontalPodAutoscaler set the number of pods; excludes replicas."""
+    """Let the number of pods follow demand, by the model's own signals or a HorizontalPodAutoscaler;
+    excludes replicas."""
     gpus: Annotated[GpuSpec, Field(default_factory=GpuSpec, json_schema_extra={"default": {}})]
     shared_memory: Annotated[str | None, Field(pattern=QUANTITY_PATTERN)] = None
     """Size limit of the /dev/shm volume; derived from models, GPUs and the arena size when unset."""
@@ -583,6 +694,11 @@ class PyTritonModelSpec(_Model):
         return 1 if self.replicas is None else self.replicas
 
     @property
+    def scaled_by_operator(self) -> bool:
+        """Whether the operator itself sets the replicas from the model's own signals (no HPA)."""
+        return self.autoscaling is not None and self.autoscaling.signal is not None
+
+    @property
     def min_replicas(self) -> int:
         """The fewest pods the model runs with in normal operation."""
         return self.autoscaling.min_replicas if self.autoscaling is not None else self.fixed_replicas or 0
@@ -618,6 +734,34 @@ class Condition(_Model):
     """When status last changed (RFC 3339)."""
 
 
+class AutoscalingStatus(_Model):
+    """What the operator's own autoscaler saw and decided last, and why."""
+
+    signal: str = ""
+    """QueueTime or InFlight."""
+    targets: str = ""
+    """The signal against its target, as `kubectl get` shows it: "queue 12.5ms/10ms", "in-flight 3.2/4"."""
+    current_value: float | None = None
+    """The signal as last measured (milliseconds, or requests per pod); absent while no pod answers."""
+    target_value: float = 0
+    """The target it is compared with."""
+    measured_pods: int = 0
+    """Ready pods whose metrics the last measurement read."""
+    current_replicas: int = 0
+    """The Deployment's replicas when the decision was made."""
+    desired_replicas: int = 0
+    """The replicas decided on."""
+    reason: str = ""
+    """One word for the decision: ScaledUp, ScaledDown, WithinTolerance, Stabilizing, StepLimited,
+    AtMaximum, AtMinimum, Unschedulable (pods that cannot be scheduled hold scale-ups) or NoMetrics."""
+    message: str = ""
+    """The decision in a sentence: the signal, the recommendation, what held it back."""
+    last_decision_time: str | None = None
+    """When the autoscaler last decided (RFC 3339); refreshed at least every 15 s while it runs."""
+    last_scale_time: str | None = None
+    """When the autoscaler last changed the replicas (RFC 3339)."""
+
+
 class PyTritonModelStatus(_Model):
     """What the operator observed; written by the operator only."""
 
@@ -635,6 +779,8 @@ class PyTritonModelStatus(_Model):
     """HTTP endpoint of the model's Service, inside the cluster."""
     grpc_url: str = ""
     """gRPC endpoint of the model's Service, inside the cluster."""
+    autoscaling: AutoscalingStatus | None = None
+    """The operator's own autoscaler, for a model scaled on its own signals."""
 
 
 class ObjectMeta(BaseModel):

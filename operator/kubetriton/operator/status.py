@@ -68,7 +68,8 @@ def _container_statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
 
 
-def _scheduling_problem(pod: Mapping[str, Any], gpu_resource: str) -> Diagnosis | None:
+def scheduling_problem(pod: Mapping[str, Any], gpu_resource: str) -> Diagnosis | None:
+    """Why the pod cannot be scheduled (no GPU free, or another reason the scheduler gave), or None."""
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             message = condition.get("message", "")
@@ -117,7 +118,7 @@ def _container_problem(container: Mapping[str, Any]) -> Diagnosis | None:
 
 def diagnose_pod(pod: Mapping[str, Any], gpu_resource: str) -> Diagnosis | None:
     """The most telling problem of one pod, or None when nothing is wrong yet."""
-    found = _scheduling_problem(pod, gpu_resource)
+    found = scheduling_problem(pod, gpu_resource)
     if found:
         return found
     for container in _container_statuses(pod):
