@@ -581,7 +581,7 @@ class InstanceServer(threading.Thread):
         if message.kind != REQUEST:
             return
         self._busy_poll.batch(len(message.entries))
-        self.in_flight += 1
+        self.in_flight += len(message.entries)
         _SERVING.add(self)
         InstanceServer.last_batch = (self, time.perf_counter_ns())
         started = time.perf_counter()
@@ -604,7 +604,7 @@ class InstanceServer(threading.Thread):
             self._drop(peer)
         finally:
             _SERVING.discard(self)
-            self.in_flight -= 1
+            self.in_flight -= len(message.entries)
             self.requests += len(message.entries)
             self.busy_seconds += time.perf_counter() - started
 
