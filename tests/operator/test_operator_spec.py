@@ -81,6 +81,18 @@ RULE_CASES = [
         None,
     ),
     (
+        "a queue time of zero",
+        _with(spec__autoscaling={"maxReplicas": 6, "targetQueueMilliseconds": 0}),
+        "spec.autoscaling.targetQueueMilliseconds",
+        spec.POSITIVE_TARGET,
+    ),
+    (
+        "a whole number of requests in flight",
+        _with(spec__autoscaling={"maxReplicas": 6, "targetInFlightPerPod": 4}),
+        None,
+        None,
+    ),
+    (
         "queue time and in-flight targets",
         _with(spec__autoscaling={"maxReplicas": 6, "targetQueueMilliseconds": 10, "targetInFlightPerPod": 4}),
         "spec.autoscaling.targetInFlightPerPod",
@@ -302,8 +314,11 @@ def test_every_rule_in_the_crd_is_exercised() -> None:
 
 
 AUTOSCALING_BOUND_CASES = [
-    ("a queue time of zero", {"targetQueueMilliseconds": 0}, "spec.autoscaling.targetQueueMilliseconds"),
-    ("no requests in flight", {"targetInFlightPerPod": 0}, "spec.autoscaling.targetInFlightPerPod"),
+    (
+        "a queue time over an hour",
+        {"targetQueueMilliseconds": 3_600_001},
+        "spec.autoscaling.targetQueueMilliseconds",
+    ),
     ("a tolerance of 100%", {"targetInFlightPerPod": 4, "tolerance": 1}, "spec.autoscaling.tolerance"),
     (
         "a step of no pods",

@@ -141,6 +141,14 @@ BEHAVIOR_NEEDS_MODEL_SIGNAL = _cel(
     " targetQueueMilliseconds or targetInFlightPerPod with them",
     reason="FieldValueForbidden",
 )
+MIN_TARGET = 0.01
+POSITIVE_TARGET = _cel(
+    f"double(self) >= {MIN_TARGET}",
+    f"a target must be at least {MIN_TARGET}",
+    reason="FieldValueInvalid",
+)
+"""The schema's minimum alone lets 0 through: the API server compares an integer with the minimum cut
+to an integer."""
 GPU_RESOURCE_NAME = _cel(
     f"self.matches('{GPU_RESOURCE_PATTERN}')",
     "must be nvidia.com/gpu or a MIG resource such as nvidia.com/mig-1g.10gb",
@@ -431,6 +439,19 @@ class GpuSpec(_Model):
         return value
 
 
+def _target(most: float) -> Any:
+    """A target of the model's own signal, up to `most`; at least MIN_TARGET by a CEL rule rather than a
+    schema minimum (see POSITIVE_TARGET)."""
+
+    def positive(value: float) -> float:
+        if value < MIN_TARGET:
+            raise ValueError(f"{value!r}: {POSITIVE_TARGET['message']}")
+        return value
+
+    rules = {"x-kubernetes-validations": [POSITIVE_TARGET]}
+    return Annotated[float, Field(le=most, json_schema_extra=rules), AfterValidator(positive)]
+
+
 QUEUE_TIME = "QueueTime"
 IN_FLIGHT = "InFlight"
 DEFAULT_TOLERANCE = 0.1
@@ -481,11 +502,11 @@ class AutoscalingSpec(_Model):
     neither metrics nor a target of the model's own is given."""
     metrics: list[PassThrough] = []
     """autoscaling/v2 MetricSpec entries for a HorizontalPodAutoscaler, used as they are."""
-    target_queue_milliseconds: Annotated[float | None, Field(ge=0.01, le=3_600_000)] = None
+    target_queue_milliseconds: _target(3_600_000) | None = None
     """Average time a request waits in Triton's queue before the model runs it, in milliseconds, across
     the pods and the slowest of the models: the operator sets the replicas from it (no
     HorizontalPodAutoscaler)."""
-    target_in_flight_per_pod: Annotated[float | None, Field(ge=0.01, le=1_000_000)] = None
+    target_in_flight_per_pod: _target(1_000_000) | None = None
     """Requests queued in Triton or running in the callable, per pod, summed over the pod's models:
     the operator sets the replicas from it (no HorizontalPodAutoscaler)."""
     tolerance: Annotated[float | None, Field(ge=0, le=0.99)] = None
