@@ -162,7 +162,7 @@ CASES = [
         5,
         [
             Step(0, 40, 5, autoscaler.UNSCHEDULABLE, measured=4, unschedulable=GPU_SHORT),
-            Step(5, 40, 5, autoscaler.UNSCHEDULABLE, measured=4, unschedulable=GPU_SHORT),
+            Step(5, 15, 5, autoscaler.UNSCHEDULABLE, measured=4, unschedulable=GPU_SHORT),
             Step(10, 1, 1, autoscaler.SCALED_DOWN, measured=4, unschedulable=GPU_SHORT),
         ],
     ),
@@ -262,3 +262,29 @@ def test_status_is_refreshed_for_a_new_decision_at_once_and_otherwise_every_15_s
     )
     assert failed["message"].endswith("applying it failed: HTTP 500")
     assert scaler.scalings == {"up": 1, "down": 0}, "a change that failed is not counted"
+
+
+def test_a_hold_is_announced_once_until_every_pod_can_be_scheduled() -> None:
+    rule = policy(maxReplicas=8)
+    scaler = autoscaler.ModelScaler()
+    announced = []
+    for at, value, unschedulable in [
+        (0, 40, GPU_SHORT),
+        (5, 14, GPU_SHORT),
+        (10, 40, GPU_SHORT),
+        (15, 40, ""),
+        (20, 40, GPU_SHORT),
+    ]:
+        observation = Observation(5, value, 4, 4, unschedulable)
+        decision = scaler.decide(rule, observation, at)
+        announced.append(scaler.announcement(observation, decision))
+        scaler.settle(
+            rule, observation, replace(decision, replicas=5), at, failure="not applied in this test"
+        )
+    assert announced == [
+        ("Warning", autoscaler.UNSCHEDULABLE),
+        None,
+        None,
+        ("Normal", autoscaler.SCALED_UP),
+        ("Warning", autoscaler.UNSCHEDULABLE),
+    ]

@@ -220,9 +220,9 @@ def decide(policy: Policy, observation: Observation, history: History, now: floa
     limited = _step_limited(policy, history, current, stabilized, now)
     bounded = min(max(limited, policy.min_replicas), policy.max_replicas)
     desired = bounded
-    hold = observation.unschedulable if bounded > max(current, policy.min_replicas) else ""
-    if hold:
+    if observation.unschedulable and bounded > max(current, policy.min_replicas):
         desired = max(current, policy.min_replicas)
+    hold = observation.unschedulable if desired == current and recommended >= current else ""
     within = abs(observation.value / policy.target - 1) <= policy.tolerance
     steps = _Steps(recommended, stabilized, limited, bounded, desired, within, incomplete, hold)
     return Decision(desired, recommended, *_why(policy, observation, steps))
@@ -338,6 +338,7 @@ class ModelScaler:
     """What the model's status.autoscaling says, as last handed to the reconciler."""
     status_at: float = -math.inf
     scalings: dict[str, int] = field(default_factory=lambda: {"up": 0, "down": 0})
+    hold_announced: bool = False
 
     def decide(self, policy: Policy, observation: Observation, now: float) -> Decision:
         """The decision for now; the Deployment's replicas are the first recommendation remembered."""
@@ -347,13 +348,15 @@ class ModelScaler:
             self.seeded = True
         return decide(policy, observation, self.history, now)
 
-    def announcement(self, decision: Decision) -> tuple[str, str] | None:
-        """The Event a decision is worth, as (type, reason): every change of the replicas, and the start
-        of a hold for pods that cannot be scheduled."""
+    def announcement(self, observation: Observation, decision: Decision) -> tuple[str, str] | None:
+        """The Event a decision is worth, as (type, reason): every change of the replicas, and a hold for
+        pods that cannot be scheduled, once until every pod can be again."""
+        if not observation.unschedulable:
+            self.hold_announced = False
         if decision.reason in (SCALED_UP, SCALED_DOWN):
             return "Normal", decision.reason
-        previous = self.decision.reason if self.decision is not None else ""
-        if decision.reason == UNSCHEDULABLE and previous != UNSCHEDULABLE:
+        if decision.reason == UNSCHEDULABLE and not self.hold_announced:
+            self.hold_announced = True
             return "Warning", decision.reason
         return None
 

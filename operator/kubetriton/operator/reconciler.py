@@ -728,7 +728,7 @@ class Reconciler:
                 else:
                     state.applied_deployment = _deployment_summary(answer)
                     logger.info(decision.message)
-            announcement = None if failure else scaler.announcement(decision)
+            announcement = None if failure else scaler.announcement(observation, decision)
             state.autoscaling = scaler.settle(policy, observation, decision, now, failure)
             if announcement is not None:
                 kind, reason = announcement

@@ -81,7 +81,7 @@ class Measurement:
     pods: int
 
 
-def _waits(
+def pod_waits(
     before: PodReading, after: PodReading, models: tuple[str, ...]
 ) -> list[tuple[float, float]] | None:
     """Each model's queue time (µs) and requests between two readings of one pod; None when either
@@ -108,7 +108,7 @@ def queue_time(
     pods = 0
     for pod, reading in current.items():
         before = previous.get(pod)
-        waits = _waits(before, reading, models) if before is not None else None
+        waits = pod_waits(before, reading, models) if before is not None else None
         if waits is None:
             continue
         pods += 1
