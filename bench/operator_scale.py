@@ -510,6 +510,107 @@ async def run(args: argparse.Namespace, api: Api, proxy: CountingProxy, namespac
             report("operator exit code", str(operator.stop()))
 
 
+def thread_cpu_seconds(native_id: int) -> float:
+    """User and system time one thread of this process has used so far."""
+    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def autoscaled_model(index: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubetriton.dev/v1alpha1",
+        "kind": "PyTritonModel",
+        "metadata": {"name": f"model-{index:04d}", "namespace": "default"},
+        "spec": {
+            "worker": {"image": "localhost/kubetriton/worker:dev"},
+            "models": ["Identity"],
+            "autoscaling": {"minReplicas": 1, "maxReplicas": 4, "targetQueueMilliseconds": 10},
+        },
+    }
+
+
+def ready_pod(index: int, address: str) -> dict[str, Any]:
+    name = f"model-{index:04d}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{name}-0",
+            "namespace": "default",
+            "labels": {
+                "app.kubernetes.io/name": "pytriton-model",
+                "app.kubernetes.io/instance": name,
+                "app.kubernetes.io/managed-by": "kubetriton-operator",
+            },
+        },
+        "spec": {"containers": [{"name": "worker", "image": "w"}]},
+        "status": {"phase": "Running", "podIP": address, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+async def idle_autoscaled(args: argparse.Namespace) -> None:
+    """The operator's CPU while it scales idle models on their own signals, against the emulated API
+    server: each model has one Ready pod, and every pod's address leads to one real local Triton
+    serving the model, whose page the autoscaler reads every interval. The operator runs on its own
+    thread (as in the operator tests); its thread's CPU time is the figure."""
+    import numpy as np
+    from emulator import OperatorThread
+    from pytriton.model_config import ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig
+
+    http, grpc, metrics = (free_port() for _ in range(3))
+    config = TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics)
+    with Triton(config=config) as triton:
+        tensor = [Tensor(name="x", dtype=np.float32, shape=(1,))]
+        triton.bind(
+            "Identity", lambda requests: requests, tensor, tensor, config=ModelConfig(max_batch_size=8)
+        )
+        triton.run()
+        async with (
+            ClusterEmulator(record_requests=False, model_crd=True, established_crds=True) as emulator,
+            kmock.Server(emulator) as server,
+            Endpoint(str(server.url).rstrip("/")).session() as session,
+        ):
+            api = Api(session)
+            options = {"interval": args.autoscale_interval, "metrics_port": metrics}
+            operator = OperatorThread(str(server.url).rstrip("/"), autoscaler_options=options).start()
+            await asyncio.to_thread(operator.ready.wait, 60)
+            models = "/apis/kubetriton.dev/v1alpha1/namespaces/default/pytritonmodels"
+            for index in range(args.idle_autoscaled):
+                for path, body in (
+                    (models, autoscaled_model(index)),
+                    ("/api/v1/namespaces/default/pods", ready_pod(index, "127.0.0.1")),
+                ):
+                    status, answer = await api.call("POST", path, body)
+                    assert status == 201, answer
+
+            async def decided() -> bool:
+                _, listing = await api.call("GET", models)
+                items = listing.get("items") or []
+                return (
+                    sum("autoscaling" in (item.get("status") or {}) for item in items) == args.idle_autoscaled
+                )
+
+            await wait_until(decided, args.timeout, "every model's first decision")
+            await asyncio.sleep(2 * args.autoscale_interval)
+            thread = operator._thread.native_id
+            assert thread is not None
+            writes_before = sum(v for k, v in emulator.request_counts.items() if k.split()[0] in WRITES)
+            cpu, started = thread_cpu_seconds(thread), time.monotonic()
+            await asyncio.sleep(args.steady)
+            cpu, took = thread_cpu_seconds(thread) - cpu, time.monotonic() - started
+            writes = (
+                sum(v for k, v in emulator.request_counts.items() if k.split()[0] in WRITES) - writes_before
+            )
+            await asyncio.to_thread(operator.stop)
+    report("idle autoscaled models", f"{args.idle_autoscaled}, read every {args.autoscale_interval:g} s")
+    report("operator CPU", f"{cpu / took:.3f} cores over {took:.0f} s")
+    report(
+        "API writes meanwhile",
+        f"{writes} ({writes / took * 60 / args.idle_autoscaled:.2f} per model and minute)",
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=int, default=200)
@@ -528,8 +629,17 @@ def main() -> None:
     )
     parser.add_argument("--namespace", default=f"op-bench-{os.getpid()}")
     parser.add_argument("--operator-log", type=Path, default=None, help="write the operator's log here")
+    parser.add_argument(
+        "--idle-autoscaled",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: the operator's CPU while it scales N idle models on their queue time (emulated API "
+        "server, one real local Triton behind every pod)",
+    )
+    parser.add_argument("--autoscale-interval", type=float, default=5.0, metavar="SECONDS")
     args = parser.parse_args()
-    asyncio.run(bench(args))
+    asyncio.run(idle_autoscaled(args) if args.idle_autoscaled else bench(args))
 
 
 if __name__ == "__main__":

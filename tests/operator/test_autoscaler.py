@@ -238,7 +238,7 @@ def test_scheduling_hold_names_the_short_resources_and_ignores_stopping_pods() -
     assert other == "1 pod cannot be scheduled (0/1 nodes are available: 1 node(s) had taint)"
 
 
-def test_status_is_refreshed_for_a_new_decision_at_once_and_otherwise_every_15_s() -> None:
+def test_status_is_written_for_a_new_decision_at_once_and_for_a_moving_signal_every_15_s() -> None:
     rule = policy()
     scaler = autoscaler.ModelScaler()
 
@@ -250,7 +250,8 @@ def test_status_is_refreshed_for_a_new_decision_at_once_and_otherwise_every_15_s
     assert first["reason"] == autoscaler.WITHIN_TOLERANCE and first["currentValue"] == 10
     assert settle(5, 10.2) is first, "the same decision 5 s later writes nothing"
     assert settle(16, 10.2)["currentValue"] == 10.2
-    scaled = settle(17, 40)
+    assert settle(30, 10.2) is settle(90, 10.2), "nothing changed: nothing to write, however long"
+    scaled = settle(95, 40)
     assert (scaled["reason"], scaled["desiredReplicas"], scaled["targets"]) == (
         autoscaler.SCALED_UP,
         6,
@@ -258,7 +259,7 @@ def test_status_is_refreshed_for_a_new_decision_at_once_and_otherwise_every_15_s
     )
     assert "lastScaleTime" in scaled and scaler.scalings == {"up": 1, "down": 0}
     failed = scaler.settle(
-        rule, Observation(6, 40, 2, 2), replace(scaler.decision, replicas=8), 18, "HTTP 500"
+        rule, Observation(6, 40, 2, 2), replace(scaler.decision, replicas=8), 96, "HTTP 500"
     )
     assert failed["message"].endswith("applying it failed: HTTP 500")
     assert scaler.scalings == {"up": 1, "down": 0}, "a change that failed is not counted"

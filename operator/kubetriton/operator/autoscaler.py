@@ -63,7 +63,8 @@ READ_TIMEOUT_SECONDS = 2.0
 """A pod whose metrics take longer is left out of that reading."""
 MAX_READS_IN_FLIGHT = 32
 STATUS_REFRESH_SECONDS = 15.0
-"""A decision like the last one is written to the status at most this often (a new one at once)."""
+"""A decision like the last one, on a signal that moved, is written at most this often (a new one at once)."""
+_STAMPS = ("lastDecisionTime", "lastScaleTime")
 
 SCALED_UP, SCALED_DOWN = "ScaledUp", "ScaledDown"
 WITHIN_TOLERANCE, STEADY, STABILIZING, STEP_LIMITED = (
@@ -363,28 +364,16 @@ class ModelScaler:
     def settle(
         self, policy: Policy, observation: Observation, decision: Decision, now: float, failure: str = ""
     ) -> dict[str, Any]:
-        """Remember the decision (and the change, when it was applied) and return status.autoscaling:
-        a new one for a new decision or a failure, otherwise refreshed every STATUS_REFRESH_SECONDS."""
+        """Remember the decision (and the change, when it was applied) and return status.autoscaling: a
+        new one for a new decision or a failure; for the same decision on a signal that moved, at most
+        every STATUS_REFRESH_SECONDS; the last one when nothing changed (an idle model writes nothing)."""
         applied = decision.replicas != observation.replicas and not failure
         if applied:
             keep = max(policy.up.period_seconds, policy.down.period_seconds)
             self.history.changed(now, decision.replicas - observation.replicas, keep)
             self.scalings["up" if decision.replicas > observation.replicas else "down"] += 1
-        before = self.decision
-        same = (
-            before is not None
-            and (before.replicas, before.reason) == (decision.replicas, decision.reason)
-            and not failure
-            and self.status is not None
-            and now - self.status_at < STATUS_REFRESH_SECONDS
-        )
         self.policy, self.observation, self.decision = policy, observation, decision
-        if same:
-            assert self.status is not None
-            return self.status
-        stamp = _timestamp()
-        last_scale = stamp if applied else (self.status or {}).get("lastScaleTime")
-        new_status: dict[str, Any] = {
+        content: dict[str, Any] = {
             "signal": policy.signal,
             "targets": policy.describe(observation.value),
             "targetValue": policy.target,
@@ -393,14 +382,28 @@ class ModelScaler:
             "desiredReplicas": decision.replicas,
             "reason": decision.reason,
             "message": f"{decision.message}; applying it failed: {failure}" if failure else decision.message,
-            "lastDecisionTime": stamp,
         }
         if observation.value is not None:
-            new_status["currentValue"] = round(observation.value, 3)
-        if last_scale:
-            new_status["lastScaleTime"] = last_scale
-        self.status, self.status_at = new_status, now
-        return new_status
+            content["currentValue"] = round(observation.value, 3)
+        before = {key: value for key, value in (self.status or {}).items() if key not in _STAMPS}
+        alike = all(
+            before.get(key) == content[key] for key in ("reason", "desiredReplicas", "currentReplicas")
+        )
+        if (
+            self.status is not None
+            and not failure
+            and (content == before or (alike and now - self.status_at < STATUS_REFRESH_SECONDS))
+        ):
+            return self.status
+        stamp = _timestamp()
+        last_scale = stamp if applied else (self.status or {}).get("lastScaleTime")
+        self.status = {
+            **content,
+            "lastDecisionTime": stamp,
+            **({"lastScaleTime": last_scale} if last_scale else {}),
+        }
+        self.status_at = now
+        return self.status
 
 
 class Host(Protocol):

@@ -778,7 +778,8 @@ class AutoscalingStatus(_Model):
     message: str = ""
     """The decision in a sentence: the signal, the recommendation, what held it back."""
     last_decision_time: str | None = None
-    """When the autoscaler last decided (RFC 3339); refreshed at least every 15 s while it runs."""
+    """When this status was decided (RFC 3339): a new decision is written at once, the same one on a
+    signal that moved at most every 15 s, and nothing while nothing changes."""
     last_scale_time: str | None = None
     """When the autoscaler last changed the replicas (RFC 3339)."""
 
