@@ -166,6 +166,16 @@ CASES = [
             Step(10, 1, 1, autoscaler.SCALED_DOWN, measured=4, unschedulable=GPU_SHORT),
         ],
     ),
+    (
+        "while pods cannot be scheduled, that is the reason a count is kept, whatever the recommendation",
+        policy(maxReplicas=8),
+        5,
+        [
+            Step(0, 40, 5, autoscaler.UNSCHEDULABLE, measured=4, unschedulable=GPU_SHORT),
+            Step(5, 5, 5, autoscaler.UNSCHEDULABLE, measured=4, unschedulable=GPU_SHORT),
+            Step(10, 5, 5, autoscaler.STABILIZING, measured=4),
+        ],
+    ),
 ]
 
 

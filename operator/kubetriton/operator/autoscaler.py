@@ -16,7 +16,8 @@ The rule is the HorizontalPodAutoscaler's, pure and apart from the I/O (`decide`
 - a step limit: at most `maxPods` added (or removed) within `periodSeconds`;
 - bounds: `minReplicas` and `maxReplicas` win over all of the above;
 - no scale-up while pods of the model cannot be scheduled (no GPU free): pods that would not start
-  are not added, and the ones waiting are kept (a cluster autoscaler adds nodes for them);
+  are not added, and the ones waiting are kept (a cluster autoscaler adds nodes for them); while the
+  count is kept, that is the reason given, naming the resource;
 - no data, no decision: a signal that no pod gave changes nothing but a count outside the bounds, and
   a scale-down waits until every Ready pod answered.
 
@@ -223,7 +224,7 @@ def decide(policy: Policy, observation: Observation, history: History, now: floa
     desired = bounded
     if observation.unschedulable and bounded > max(current, policy.min_replicas):
         desired = max(current, policy.min_replicas)
-    hold = observation.unschedulable if desired == current and recommended >= current else ""
+    hold = observation.unschedulable if desired == current else ""
     within = abs(observation.value / policy.target - 1) <= policy.tolerance
     steps = _Steps(recommended, stabilized, limited, bounded, desired, within, incomplete, hold)
     return Decision(desired, recommended, *_why(policy, observation, steps))
@@ -278,7 +279,8 @@ def _why(policy: Policy, observation: Observation, steps: _Steps) -> tuple[str, 
         shaped.append(f"between {policy.min_replicas} and {policy.max_replicas} replicas")
     how = f" ({'; '.join(shaped)})" if shaped else ""
     if steps.held:
-        return UNSCHEDULABLE, f"{signal}: recommended {recommended}, {current} kept: {steps.held}"
+        shaped_by = "" if steps.bounded > current else how  # a scale-up the hold stopped, or why none
+        return UNSCHEDULABLE, f"{signal}: recommended {recommended}, {current} kept{shaped_by}: {steps.held}"
     if steps.desired != current:
         reason = SCALED_UP if steps.desired > current else SCALED_DOWN
         return reason, f"{signal}: {current} → {steps.desired} replicas, recommended {recommended}{how}"
