@@ -22,6 +22,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -363,10 +364,47 @@ def _node_ready_since(cluster: Cluster) -> float:
     return ready.last_transition_time.timestamp()
 
 
+@contextlib.contextmanager
+def _kept_on_failure(cluster: Cluster, settings: Settings, what: str) -> Iterator[None]:
+    """On a failure, keep what says why, before the release goes: every operator pod's log (its current
+    container's and the one before, with timestamps), the Leases, and the models' namespace's
+    PyTritonModels, Deployments and events; in $KUBETRITON_E2E_LOG_DIR (the temporary directory by
+    default)."""
+    try:
+        yield
+    except BaseException:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        directory = Path(os.environ.get("KUBETRITON_E2E_LOG_DIR", tempfile.gettempdir())) / f"{what}-{stamp}"
+        directory.mkdir(parents=True, exist_ok=True)
+        wanted = [
+            (f"{pod}{suffix}.log", ["logs", "-n", settings.namespace, pod, "--timestamps", *flags])
+            for pod in _operator_pods(cluster, settings)
+            for suffix, flags in (("", []), (".previous", ["--previous"]))
+        ]
+        wanted += [
+            ("leases.yaml", ["get", "leases", "-n", settings.namespace, "-o", "yaml"]),
+            (
+                "models.yaml",
+                ["get", "pytritonmodels,deployments", "-n", settings.models_namespace, "-o", "yaml"],
+            ),
+            ("events.txt", ["get", "events", "-n", settings.models_namespace, "-o", "wide"]),
+        ]
+        for file, arguments in wanted:
+            with contextlib.suppress(AssertionError):  # a container with no previous one, say
+                (directory / file).write_text(kubectl(*arguments))
+        print(f"kept for the failure: {directory}")
+        raise
+
+
 @pytest.mark.parametrize("freeze_s", [60, 300])
 def test_the_api_server_frozen_costs_no_request_and_a_few_log_lines(
     serving: str, cluster: Cluster, settings: Settings, freeze_s: int
 ) -> None:
+    with _kept_on_failure(cluster, settings, f"api-server-frozen-{freeze_s}s"):
+        _api_server_frozen(serving, cluster, settings, freeze_s)
+
+
+def _api_server_frozen(serving: str, cluster: Cluster, settings: Settings, freeze_s: int) -> None:
     namespace = settings.models_namespace
     name = f"ops-outage-{freeze_s}"
     cluster.apply(_model(name, image=settings.worker_image, pending=True), namespace)
