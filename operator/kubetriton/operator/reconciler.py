@@ -148,7 +148,7 @@ def _stamp(metadata: Mapping[str, Any]) -> tuple[str, int]:
     return metadata.get("uid", ""), metadata.get("generation", 0)
 
 
-def _model_summary(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Key, dict[str, Any]]:
+async def _model_summary(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Key, dict[str, Any]]:
     """What the operator needs of a model: identity, spec and status, without kopf's annotations."""
     metadata = body.metadata
     kept = ("name", "namespace", "uid", "generation", "deletionTimestamp")
@@ -228,7 +228,9 @@ def rolling_out(deployment: Mapping[str, Any]) -> bool:
     return incomplete and available > 0 and not stalled
 
 
-def _child_summary(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any) -> dict[Key, Any]:
+async def _child_summary(
+    body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any
+) -> dict[Key, Any]:
     """A Deployment's summary; of any other child, the fingerprint of what the operator applied."""
     key = (namespace, labels.get(naming.INSTANCE_LABEL, ""))
     if body.get("kind") == children.DEPLOYMENT.kind:
@@ -236,7 +238,9 @@ def _child_summary(body: kopf.Body, namespace: str, labels: Mapping[str, str], *
     return {key: _fingerprint_of(body)}
 
 
-def _pod_summary(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any) -> dict[Key, Any]:
+async def _pod_summary(
+    body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any
+) -> dict[Key, Any]:
     """What the status reads of a pod (its scheduling condition and its containers' states), and what the
     autoscaler needs (whether it is Ready, its address)."""
     observed = body.status
@@ -265,12 +269,12 @@ def _pod_summary(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_
     }
 
 
-def _established(body: kopf.Body, name: str, **_: Any) -> dict[str, bool]:
+async def _established(body: kopf.Body, name: str, **_: Any) -> dict[str, bool]:
     conditions = body.status.get("conditions") or []
     return {name: any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)}
 
 
-def _terminating(body: kopf.Body, name: str, **_: Any) -> dict[str, bool]:
+async def _terminating(body: kopf.Body, name: str, **_: Any) -> dict[str, bool]:
     """Only namespaces being deleted are kept; any other leaves the index (an empty result)."""
     deleting = body.status.get("phase") == "Terminating" or body.metadata.get("deletionTimestamp")
     return {name: True} if deleting else {}
@@ -823,6 +827,8 @@ def build_operator(
     kopf.on.startup(registry=registry)(reconciler.start)
     kopf.on.cleanup(registry=registry)(reconciler.stop)
 
+    # The index functions are coroutines: kopf runs a plain function in its executor's threads, a hop
+    # there and back (and a task to shield it) for every watch event.
     kopf.index(GROUP, VERSION, PLURAL, id=MODELS_INDEX, registry=registry)(_model_summary)
     crds = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
     kopf.index(*crds, id=CRDS_INDEX, when=_watched_crd, registry=registry)(_established)
