@@ -203,7 +203,7 @@ def test_a_new_leader_continues_from_the_replicas_during_a_scale_up(
     namespace = settings.models_namespace
     autoscaling = {
         "minReplicas": 1,
-        "maxReplicas": 6,
+        "maxReplicas": MAX_REPLICAS,
         "targetQueueMilliseconds": TARGET_MS,
         "scaleUp": {"maxPods": 1, "periodSeconds": 20},
     }
