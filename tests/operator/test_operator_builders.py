@@ -70,6 +70,13 @@ SCENARIOS: list[tuple[str, dict[str, Any], bool, list[str], list[str]]] = [
         [],
     ),
     (
+        "autoscaling on the model's own queue time: the operator scales, no HPA",
+        {"autoscaling": {"minReplicas": 2, "maxReplicas": 4, "targetQueueMilliseconds": 10}},
+        False,
+        ["Deployment", "Service", "PodDisruptionBudget"],
+        ["HorizontalPodAutoscaler"],
+    ),
+    (
         "everything set",
         {
             "replicas": 3,
