@@ -416,9 +416,15 @@ def _api_server_frozen(serving: str, cluster: Cluster, settings: Settings, freez
         before = _load_counts(cluster, serving, namespace)
         started = time.time()
         api_server = int((KIT / "run" / "kube-apiserver.pid").read_text())
-        change = threading.Thread(
-            target=_set_replicas, args=(cluster, name, namespace, 2, freeze_s + 60), daemon=True
-        )
+        change_failed: list[BaseException] = []
+
+        def change_replicas() -> None:
+            try:
+                _set_replicas(cluster, name, namespace, 2, freeze_s + 60)
+            except BaseException as error:  # said below: a change that was lost is not the operator's
+                change_failed.append(error)
+
+        change = threading.Thread(target=change_replicas, daemon=True)
         os.kill(api_server, signal.SIGSTOP)
         try:
             time.sleep(freeze_s / 2)
@@ -428,6 +434,11 @@ def _api_server_frozen(serving: str, cluster: Cluster, settings: Settings, freez
             os.kill(api_server, signal.SIGCONT)
         thawed = time.monotonic()
         change.join(60)
+        model = cluster.model(name, namespace) or {}
+        assert not change.is_alive() and not change_failed, (
+            f"the replicas change sent during the freeze got no answer 60 s after the thaw, or failed: "
+            f"{change_failed}; the model's spec.replicas is {model.get('spec', {}).get('replicas')}"
+        )
         _wait_replicas(cluster, name, namespace, 2, 120)
         applied_after = time.monotonic() - thawed
         time.sleep(60)  # what the thaw does to the node and its endpoints shows within this
