@@ -130,10 +130,7 @@ def test_replicas_follow_the_queue_time_up_and_down_without_a_failed_request(
     print(f"queue time p50 under {TARGET_MS} ms {under - phases[12] if under else None} s after the step")
     print(f"back at minReplicas {samples[-1].at - phases[0]:.0f} s after the load was removed")
     assert raised is not None and raised - step <= 15
-    # 12 closed-loop clients on 6 pods of one 20 ms instance each wait about a batch (15-20 ms) whatever
-    # the autoscaler does; what it can do is get every pod it may, and keep them while the queue is long.
-    assert full is not None and full - phases[12] <= 60
-    assert all(s.desired == MAX_REPLICAS for s in loaded if s.at >= full), "kept at maxReplicas under load"
+    assert under is not None and under - phases[12] <= 60, "the queue time is back under its target"
     assert samples[-1].replicas == 1, "the replicas fell back to minReplicas once the load was removed"
     for protocol, counts in failures.items():
         assert counts["ok"] > 0 and counts["failed"] == 0, (protocol, counts)

@@ -1,7 +1,10 @@
 """A model scaled on its own signals, under a schedule of demand, seen every few seconds.
 
 `e2e/test_autoscaling.py` asserts on the timeline and `bench/autoscale.py` prints it. The model's
-callable takes a fixed 20 ms per batch, in one instance per pod; the demand is `e2e/demand.py` in a
+callable takes a fixed 20 ms per batch of at most 4, in one instance per pod, and Triton waits up to
+3 ms to fill a batch: closed-loop clients that would otherwise take turns, each waiting out the other's
+batch (about 20 ms whatever the replicas), share batches, so a pod with up to 4 clients queues them a
+few ms and one with 12 about 40 ms (measured locally); the demand is `e2e/demand.py` in a
 Pod of the cluster, closed-loop ModelClient clients through the model's Service. Each sample has the
 clients of the moment, the replicas the autoscaler decided on and the Deployment's ready ones, and
 the time requests waited in Triton's queue over the last interval, read from every Ready pod's
@@ -36,7 +39,7 @@ import time
 
 import numpy as np
 from pytriton.decorators import batch
-from pytriton.model_config import ModelConfig, Tensor
+from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton
 
 
@@ -46,9 +49,10 @@ def slow(x):
     return {{"y": x}}
 
 
+config = ModelConfig(max_batch_size=4, batcher=DynamicBatcher(max_queue_delay_microseconds=3000))
 with Triton() as triton:
     triton.bind("{MODEL}", slow, [Tensor(name="x", dtype=np.float32, shape=(1,))],
-                [Tensor(name="y", dtype=np.float32, shape=(1,))], config=ModelConfig(max_batch_size=16))
+                [Tensor(name="y", dtype=np.float32, shape=(1,))], config=config)
     triton.serve()
 """
 
