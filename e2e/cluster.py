@@ -249,7 +249,10 @@ class Cluster:
         }
 
     def run_pod(self, name: str, namespace: str, image: str, command: list[str]) -> None:
-        """Start a restricted, non-root Pod that runs `command` once."""
+        """Start a restricted, non-root Pod that runs `command` once, in place of one of that name that an
+        interrupted run left behind."""
+        self.delete_pod(name, namespace)
+        wait_for(lambda: not self.pod_exists(name, namespace), 120, f"the pod {name} of an earlier run to go")
         self.core.create_namespaced_pod(
             namespace,
             {

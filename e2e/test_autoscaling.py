@@ -14,6 +14,7 @@ from __future__ import annotations
 import calendar
 import itertools
 import os
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -130,7 +131,15 @@ def test_replicas_follow_the_queue_time_up_and_down_without_a_failed_request(
     print(f"queue time p50 under {TARGET_MS} ms {under - phases[12] if under else None} s after the step")
     print(f"back at minReplicas {samples[-1].at - phases[0]:.0f} s after the load was removed")
     assert raised is not None and raised - step <= 15
-    assert under is not None and under - phases[12] <= 60, "the queue time is back under its target"
+    # Two closed-loop clients per pod (12 on 6) take turns on its one 20 ms instance (e2e/timeline.py):
+    # at the maximum the queue time falls to about one batch, above the 10 ms target, whatever the
+    # autoscaler does. What it can do: every pod it may, soon, kept while the queue is long.
+    assert full is not None and full - phases[12] <= 60
+    assert all(s.desired == MAX_REPLICAS for s in loaded if s.at >= full), "kept at maxReplicas under load"
+    one_pod = statistics.median(s.queue_p50_ms for s in loaded if s.ready == 1 and s.queue_p50_ms)
+    at_maximum = statistics.median(s.queue_p50_ms for s in loaded if s.at >= full and s.queue_p50_ms)
+    print(f"queue time p50 under load: {one_pod:.1f} ms at one pod, {at_maximum:.1f} ms at {MAX_REPLICAS}")
+    assert at_maximum < one_pod / 2, "the pods the autoscaler added shortened the queue"
     assert samples[-1].replicas == 1, "the replicas fell back to minReplicas once the load was removed"
     for protocol, counts in failures.items():
         assert counts["ok"] > 0 and counts["failed"] == 0, (protocol, counts)

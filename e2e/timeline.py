@@ -2,13 +2,14 @@
 
 `e2e/test_autoscaling.py` asserts on the timeline and `bench/autoscale.py` prints it. The model's
 callable takes a fixed 20 ms per batch of at most 4, in one instance per pod, and Triton waits up to
-3 ms to fill a batch: closed-loop clients that would otherwise take turns, each waiting out the other's
-batch (about 20 ms whatever the replicas), share batches, so a pod with up to 4 clients queues them a
-few ms and one with 12 about 40 ms (measured locally); the demand is `e2e/demand.py` in a
-Pod of the cluster, closed-loop ModelClient clients through the model's Service. Each sample has the
-clients of the moment, the replicas the autoscaler decided on and the Deployment's ready ones, and
-the time requests waited in Triton's queue over the last interval, read from every Ready pod's
-counters through the API server's pod proxy (the operator's own `signals` do the reading):
+3 ms to fill a batch: 12 closed-loop clients on one pod wait two or three batches (40-50 ms on the kit),
+one client waits the 3 ms. Two clients on a pod share a batch only while they send within those 3 ms of
+each other; once one of them is later, each waits out the other's batch, and they keep taking turns
+(15-20 ms on the kit at 6 replicas). The demand is `e2e/demand.py` in a Pod of the cluster, closed-loop
+ModelClient clients through the model's Service. Each sample has the clients of the moment, the
+replicas the autoscaler decided on and the Deployment's ready ones, and the time requests waited in
+Triton's queue over the last interval, read from every Ready pod's counters through the API server's
+pod proxy (the operator's own `signals` do the reading):
 
 - **queue p50**: the median over the interval's requests, each counted with its pod's average wait
   (Triton counts the wait per pod, not per request);
