@@ -139,7 +139,9 @@ def test_replicas_follow_the_queue_time_up_and_down_without_a_failed_request(
     one_pod = statistics.median(s.queue_p50_ms for s in loaded if s.ready == 1 and s.queue_p50_ms)
     at_maximum = statistics.median(s.queue_p50_ms for s in loaded if s.at >= full and s.queue_p50_ms)
     print(f"queue time p50 under load: {one_pod:.1f} ms at one pod, {at_maximum:.1f} ms at {MAX_REPLICAS}")
-    assert at_maximum < one_pod / 2, "the pods the autoscaler added shortened the queue"
+    # About two batches at one pod (12 clients, 4 a batch) against one at the maximum: half, less
+    # what the node's noise takes.
+    assert at_maximum < one_pod * 0.75, "the pods the autoscaler added shortened the queue"
     assert samples[-1].replicas == 1, "the replicas fell back to minReplicas once the load was removed"
     for protocol, counts in failures.items():
         assert counts["ok"] > 0 and counts["failed"] == 0, (protocol, counts)
