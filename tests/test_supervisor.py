@@ -156,9 +156,49 @@ def test_a_process_that_does_not_answer_keeps_the_pod_unready() -> None:
     pod.start()
     try:
         assert _get(port, "/readyz") == (503, "process 0: not answering\n")
-        assert _get(port, "/livez") == (200, "ok\n")
+        assert _get(port, "/livez") == (503, "process 0: not started yet\n")
     finally:
         pod.stop()
+
+
+class _Instance:
+    def __init__(self) -> None:
+        self.instance, self.alive = 0, True
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+def test_the_pod_is_live_once_every_process_answered_and_while_none_lost_its_instances() -> None:
+    port = consecutive_free_ports(3)
+    worker = _Worker(attached=True)
+    worker.instances = [_Instance()]
+
+    def process(index: int) -> HealthServer:
+        return HealthServer(
+            podenv.process_health_port(port, index),
+            model_ready=lambda name: True,
+            declared_models=["Echo"],
+            workers=lambda: {"Echo": worker},
+            draining=lambda: False,
+            address="127.0.0.1",
+        )
+
+    pod = ProcessesHealth(port, processes=2, draining=lambda: False, restarts=lambda: [0, 0])
+    first, second = process(0), process(1)
+    pod.start()
+    first.start()
+    try:
+        assert _get(port, "/livez") == (503, "process 1: not started yet\n"), "its script is still loading"
+        second.start()
+        assert _get(port, "/livez") == (200, "ok\n")
+        second.stop()
+        assert _get(port, "/livez") == (200, "ok\n"), "a process being restarted keeps the pod live"
+        worker.instances[0].alive = False
+        assert _get(port, "/livez") == (503, "process 0: instance threads stopped: Echo/0\n")
+    finally:
+        for server in (first, pod):
+            server.stop()
 
 
 def test_the_pods_metrics_are_each_processs_with_its_index(processes) -> None:

@@ -152,7 +152,12 @@ class HealthServer(ProbeServer):
 class ProcessesHealth(ProbeServer):
     """The pod's probes and metrics when several worker processes serve its models. Each process serves
     its own on loopback (`podenv.process_health_port`); the pod is ready when every process is, and its
-    metrics are every process's, labelled with the process's index, beside the restarts of each."""
+    metrics are every process's, labelled with the process's index, beside the restarts of each.
+
+    The pod is live, as a single worker is, once every process's endpoint has answered (its script
+    reached `Triton()`: the startup probe bounds the load before it) and while none says its instance
+    threads stopped. A process that stops answering after that is the supervisor's to restart, and
+    keeps the pod live meanwhile."""
 
     def __init__(
         self,
@@ -165,9 +170,19 @@ class ProcessesHealth(ProbeServer):
         self._ports = [podenv.process_health_port(port, index) for index in range(processes)]
         self._draining = draining
         self._restarts = restarts
-        super().__init__(
-            ("0.0.0.0", port), live=lambda: (True, "ok\n"), ready=self.ready, metrics=self.metrics
-        )
+        self._started: set[int] = set()
+        super().__init__(("0.0.0.0", port), live=self.live, ready=self.ready, metrics=self.metrics)
+
+    def live(self) -> tuple[bool, str]:
+        problems = []
+        for index, (ok, body) in enumerate(self._ask_each("/livez")):
+            if ok:
+                self._started.add(index)
+            elif body:
+                problems += [f"process {index}: {line}" for line in body.splitlines()]
+            elif index not in self._started:
+                problems.append(f"process {index}: not started yet")
+        return (False, "\n".join(problems) + "\n") if problems else (True, "ok\n")
 
     def ready(self) -> tuple[bool, str]:
         if self._draining():
