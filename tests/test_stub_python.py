@@ -94,6 +94,18 @@ def test_an_interpreter_the_stub_cannot_embed_is_refused_with_what_to_install(tm
     assert chosen.version in PYTHON_VERSIONS
 
 
+def test_an_interpreter_whose_library_folder_cannot_be_looked_at_has_no_shared_libpython(tmp_path):
+    """An interpreter copied from elsewhere reports the library folder it was built for, which this user
+    may not read: it is one the stub cannot embed, not a crash of install-triton. (A name too long for the
+    file system stands in for a folder root alone may read: both make the look raise.)"""
+    python = tmp_path / "python3"
+    facts = '{"version": "3.12", "implementation": "cpython", "library_dir": "/%s"}' % ("x" * 300)
+    python.write_text(f"#!/bin/sh\necho '{facts}'\n")
+    python.chmod(0o755)
+    interpreter = describe(str(python))
+    assert interpreter is not None and not interpreter.shared_libpython
+
+
 @pytest.fixture(scope="module")
 def numpy2_home() -> TritonHome:
     """The local Triton, its stub given an environment with NumPy 2 instead of the provisioned one."""

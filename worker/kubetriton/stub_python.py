@@ -116,7 +116,10 @@ def describe(executable: str) -> Interpreter | None:
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
     library_dir = Path(facts["library_dir"] or "")
-    shared = (library_dir / f"libpython{facts['version']}.so.1.0").is_file()
+    try:
+        shared = (library_dir / f"libpython{facts['version']}.so.1.0").is_file()
+    except OSError:  # a library folder this user may not read (an interpreter copied from elsewhere)
+        shared = False
     return Interpreter(executable, facts["implementation"], facts["version"], library_dir, shared)
 
 
