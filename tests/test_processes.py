@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kubetriton import supervisor
 from pytriton.client import ModelClient
 
 from tests.conftest import free_ports, shm_entries
@@ -178,6 +179,8 @@ def test_a_killed_process_comes_back_alone_while_the_other_serves(supervised: Su
 
 
 def test_a_process_that_keeps_dying_ends_the_supervision_with_its_error(tmp_path: Path) -> None:
+    termination_log = Path(supervisor.TERMINATION_LOG)
+    before = termination_log.stat().st_mtime_ns if termination_log.exists() else None
     running = Supervised(tmp_path, "--second-on-other-ports")
     try:
         code = running.process.wait(180)
@@ -185,6 +188,8 @@ def test_a_process_that_keeps_dying_ends_the_supervision_with_its_error(tmp_path
         running.stop()
     log = running.log()
     assert code == 1, log
+    after = termination_log.stat().st_mtime_ns if termination_log.exists() else None
+    assert after == before, "locally the error goes to the output, not to a container's termination message"
     assert "worker process 1 exited with code 1" in log
     assert "(5 times in a row, each within 60 s of its start)" in log
     assert "configures Triton differently from worker process 0 (config.http_port)" in log

@@ -190,10 +190,13 @@ def test_the_pod_is_live_once_every_process_answered_and_while_none_lost_its_ins
     first.start()
     try:
         assert _get(port, "/livez") == (503, "process 1: not started yet\n"), "its script is still loading"
+        assert pod.not_started() == [1]
         second.start()
         assert _get(port, "/livez") == (200, "ok\n")
+        assert pod.not_started() == []
         second.stop()
         assert _get(port, "/livez") == (200, "ok\n"), "a process being restarted keeps the pod live"
+        assert pod.not_started() == [1]
         worker.instances[0].alive = False
         assert _get(port, "/livez") == (503, "process 0: instance threads stopped: Echo/0\n")
     finally:

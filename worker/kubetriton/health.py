@@ -184,6 +184,11 @@ class ProcessesHealth(ProbeServer):
                 problems.append(f"process {index}: not started yet")
         return (False, "\n".join(problems) + "\n") if problems else (True, "ok\n")
 
+    def not_started(self) -> list[int]:
+        """The processes whose endpoint does not answer now: their scripts have not reached `Triton()`
+        (yet, or again after a restart)."""
+        return [index for index, (ok, body) in enumerate(self._ask_each("/livez")) if not ok and not body]
+
     def ready(self) -> tuple[bool, str]:
         if self._draining():
             return False, "draining\n"

@@ -223,6 +223,8 @@ class Supervisor:
         self._stop_requested = threading.Event()
         self._exit_code = 1
         self.stopping = False
+        self.failure: str | None = None
+        """Why the supervision gave up, once it has."""
 
     def request_stop(self, *_: object) -> None:
         self._stop_requested.set()
@@ -242,11 +244,10 @@ class Supervisor:
         while failure is None and not self._stop_requested.wait(WATCH_INTERVAL_S):
             failure = self._check() or self._watch()
         self._stop(failure)
+        self.failure = failure
         if failure is None:
             return 0
         LOGGER.error("%s", failure)
-        with contextlib.suppress(OSError):
-            Path(TERMINATION_LOG).write_text(failure[:TERMINATION_MESSAGE_BYTES])
         return self._exit_code
 
     def _watch(self) -> str | None:
@@ -434,6 +435,12 @@ def ask_for_server(path: str, settings: Mapping[str, Any], timeout_s: float) -> 
     return reply
 
 
+def write_termination_message(message: str) -> None:
+    """The worker container's termination message, which the model's status shows when it restarts."""
+    with contextlib.suppress(OSError):
+        Path(TERMINATION_LOG).write_text(message[:TERMINATION_MESSAGE_BYTES])
+
+
 def supervise_pod(argv: Sequence[str], count: int) -> int:
     """Run `count` worker processes of `argv` in a pod's worker container, with the pod's probe endpoint."""
     from kubetriton.health import ProcessesHealth
@@ -441,21 +448,31 @@ def supervise_pod(argv: Sequence[str], count: int) -> int:
     settings = podenv.AttachSettings.from_environ()
     health_port = settings.health_port if settings else podenv.HEALTH_PORT
     drain_s = settings.drain_seconds if settings else podenv.DEFAULT_DRAIN_SECONDS
+    starting: list[int] = []  # the processes that had not reached Triton() when stopping began
     supervisor = Supervisor(
         argv,
         count,
         environ=os.environ,
         extra_env=lambda index: {podenv.ENV_HEALTH_PORT: str(podenv.process_health_port(health_port, index))},
         stop_timeout_s=drain_s + podenv.SIDECAR_EXIT_TIMEOUT_S + STOP_SLACK_S,
+        before_stop=lambda: starting.extend(health.not_started()),
     )
     health = ProcessesHealth(
         health_port, processes=count, draining=lambda: supervisor.stopping, restarts=supervisor.restarts
     )
     health.start()
     try:
-        return supervisor.run()
+        code = supervisor.run()
     finally:
         health.stop()
+    if supervisor.failure:
+        write_termination_message(supervisor.failure)
+    elif starting:
+        write_termination_message(
+            f"stopped while worker process {', '.join(map(str, starting))} had not reached Triton() yet: "
+            "a startup probe stops a worker whose script takes longer than startupSeconds to get there"
+        )
+    return code
 
 
 def supervise_locally(argv: Sequence[str], count: int) -> int:
