@@ -14,11 +14,12 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import yaml
 from kubernetes import client
@@ -88,6 +89,38 @@ def wait_for(check: Callable[[], T], timeout_s: float, what: str, interval_s: fl
             return last
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last seen: {last!r}")
+
+
+class Poller:
+    """Calls `read` every `interval_s` in a thread while in its `with` block; a read that raises (the API
+    server did not answer) is skipped, and the next one tries again."""
+
+    interval_s = 1.0
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def read(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with contextlib.suppress(Exception):
+                self.read()
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def pytriton_model(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A PyTritonModel object named `name`, with `spec`."""
+    return {"apiVersion": API_VERSION, "kind": "PyTritonModel", "metadata": {"name": name}, "spec": spec}
 
 
 def kubectl_path() -> str:

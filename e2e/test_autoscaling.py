@@ -15,14 +15,13 @@ import calendar
 import itertools
 import os
 import statistics
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from e2e.cluster import Cluster, Settings, kubectl, wait_for
+from e2e.cluster import Cluster, Poller, Settings, kubectl, wait_for
 from e2e.timeline import Sample, Timeline, demand_pod, slow_model
 
 TARGET_MS = 10
@@ -38,33 +37,18 @@ def _desired(cluster: Cluster, name: str, namespace: str) -> int | None:
     return ((model.get("status") or {}).get("autoscaling") or {}).get("desiredReplicas")
 
 
-class Watch:
+class Watch(Poller):
     """Reads the model's desired replicas and its Deployment's replicas every second in a thread."""
 
     def __init__(self, cluster: Cluster, name: str, namespace: str) -> None:
+        super().__init__()
         self.cluster, self.name, self.namespace = cluster, name, namespace
         self.seen: list[tuple[float, int | None, int | None]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.wait(1):
-            try:
-                desired = _desired(self.cluster, self.name, self.namespace)
-                replicas = self.cluster.apps.read_namespaced_deployment(
-                    self.name, self.namespace
-                ).spec.replicas
-            except Exception:  # no answer this time: the next second reads again
-                continue
-            self.seen.append((time.time(), desired, replicas))
-
-    def __enter__(self) -> Watch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def read(self) -> None:
+        desired = _desired(self.cluster, self.name, self.namespace)
+        replicas = self.cluster.apps.read_namespaced_deployment(self.name, self.namespace).spec.replicas
+        self.seen.append((time.time(), desired, replicas))
 
     def changes(self, since: float, until: float) -> int:
         """How often the Deployment's replicas changed between the two times."""

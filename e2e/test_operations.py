@@ -29,7 +29,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 import yaml
@@ -37,14 +37,15 @@ from kubernetes import client
 
 from e2e import loadgen
 from e2e.cluster import (
-    API_VERSION,
     CHART,
     GROUP,
     PLURAL,
     VERSION,
     Cluster,
+    Poller,
     Settings,
     kubectl,
+    pytriton_model,
     split_image,
     wait_for,
 )
@@ -81,7 +82,7 @@ def _model(
     }
     if pending:
         spec["scheduling"] = {"nodeSelector": NOWHERE}
-    return {"apiVersion": API_VERSION, "kind": "PyTritonModel", "metadata": {"name": name}, "spec": spec}
+    return pytriton_model(name, spec)
 
 
 def _set_replicas(cluster: Cluster, name: str, namespace: str, replicas: int, timeout_s: float = 30) -> None:
@@ -185,36 +186,25 @@ def _both_ready(cluster: Cluster, settings: Settings) -> dict[str, client.V1Pod]
     return pods if len(ready) == 2 and holder.rsplit("_", 1)[0] in pods else None
 
 
-class LeaseHistory:
+class LeaseHistory(Poller):
     """Reads the Lease every 0.2 s in a thread: every distinct (holder, transitions) with when it was first
     and last seen, and the renewTime last seen."""
 
+    interval_s = 0.2
+
     def __init__(self, cluster: Cluster, settings: Settings) -> None:
+        super().__init__()
         self.cluster, self.settings = cluster, settings
         self.records: list[dict[str, Any]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            try:
-                spec = _lease(self.cluster, self.settings).spec
-            except Exception:  # no answer (a frozen API server): try again
-                continue
-            key = (spec.holder_identity or "", spec.lease_transitions)
-            now = time.time()
-            if not self.records or self.records[-1]["key"] != key:
-                self.records.append({"key": key, "first": now, "last": now, "renew": spec.renew_time})
-            else:
-                self.records[-1].update(last=now, renew=spec.renew_time)
-
-    def __enter__(self) -> LeaseHistory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def read(self) -> None:
+        spec = _lease(self.cluster, self.settings).spec
+        key = (spec.holder_identity or "", spec.lease_transitions)
+        now = time.time()
+        if not self.records or self.records[-1]["key"] != key:
+            self.records.append({"key": key, "first": now, "last": now, "renew": spec.renew_time})
+        else:
+            self.records[-1].update(last=now, renew=spec.renew_time)
 
     def holders(self) -> list[tuple[str, int]]:
         return [record["key"] for record in self.records]
@@ -518,18 +508,18 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-class ScrapeTargets:
+class ScrapeTargets(Poller):
     """The models' pods as Prometheus targets, written every 2 s from their Services' EndpointSlices
     to a file Prometheus watches (`file_sd_configs`: Debian's Prometheus is built without Kubernetes
     discovery). Like a ServiceMonitor, it takes the `metrics` (Triton) and `worker` ports of every
     endpoint, ready or not, with the labels namespace, service, pod and endpoint (the port's name)."""
 
     PORTS = ("metrics", "worker")
+    interval_s = 2.0
 
     def __init__(self, cluster: Cluster, namespace: str, path: Path) -> None:
+        super().__init__()
         self.cluster, self.namespace, self.path = cluster, namespace, path
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def targets(self) -> list[dict[str, Any]]:
         discovery = client.DiscoveryV1Api(self.cluster.core.api_client)
@@ -544,24 +534,15 @@ class ScrapeTargets:
                 found += [{"targets": [f"{ip}:{port.port}"], "labels": labels} for ip in endpoint.addresses]
         return found
 
-    def _write(self) -> None:
+    def read(self) -> None:
+        """Write the targets (a read that fails leaves the file with the last ones)."""
         written = self.path.with_suffix(".new")
         written.write_text(json.dumps(self.targets()))
         written.replace(self.path)
 
-    def _run(self) -> None:
-        while not self._stop.wait(2):
-            with contextlib.suppress(Exception):  # no answer this time: the file keeps the last targets
-                self._write()
-
-    def __enter__(self) -> ScrapeTargets:
-        self._write()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def __enter__(self) -> Self:
+        self.read()
+        return super().__enter__()
 
 
 def _prometheus_config(targets: Path, rules: Path) -> dict[str, Any]:

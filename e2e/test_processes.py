@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import INSTANCE_LABEL, Cluster, Settings, kubectl, port_forward, wait_for
+from e2e.cluster import INSTANCE_LABEL, Cluster, Settings, kubectl, port_forward, pytriton_model, wait_for
 from e2e.test_deploy import USER_IMAGES, deploy
 from tests.test_pod_processes import SCRIPT
 from tests.test_processes import ClosedLoop
@@ -46,11 +46,9 @@ def _from_the_worker_image(cluster: Cluster, settings: Settings, name: str, scri
         namespace,
     )  # fmt: skip
     cluster.apply(
-        {
-            "apiVersion": "kubetriton.dev/v1alpha1",
-            "kind": "PyTritonModel",
-            "metadata": {"name": name},
-            "spec": {
+        pytriton_model(
+            name,
+            {
                 "worker": {
                     "image": settings.worker_image,
                     "script": {"configMap": f"{name}-script"},
@@ -59,7 +57,7 @@ def _from_the_worker_image(cluster: Cluster, settings: Settings, name: str, scri
                 },
                 "models": ["Which"],
             },
-        },
+        ),
         namespace,
     )
     cluster.wait_until_serving(name, namespace, 1, 600)

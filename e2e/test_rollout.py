@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e import loadgen
-from e2e.cluster import API_VERSION, Cluster, Settings, example_image, kubectl, wait_for
+from e2e.cluster import Cluster, Settings, example_image, kubectl, pytriton_model, wait_for
 
 NAME = "zero-downtime"
 LOAD_POD = "kubetriton-e2e-load"
@@ -55,11 +55,9 @@ with Triton() as triton:
 
 
 def _model(image: str, replicas: int, generation: int) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "PyTritonModel",
-        "metadata": {"name": NAME},
-        "spec": {
+    return pytriton_model(
+        NAME,
+        {
             "worker": {
                 "image": image,
                 "command": ["python", "-c", SERVE],
@@ -69,7 +67,7 @@ def _model(image: str, replicas: int, generation: int) -> dict[str, Any]:
             "models": [MODEL, STREAM_MODEL],
             "replicas": replicas,
         },
-    }
+    )
 
 
 def _latest(log: str) -> dict[str, Any]:

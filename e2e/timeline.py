@@ -31,7 +31,7 @@ from kubetriton import podenv
 from kubetriton.operator import signals
 
 from e2e import demand
-from e2e.cluster import API_VERSION, Cluster, wait_for
+from e2e.cluster import Cluster, pytriton_model, wait_for
 
 MODEL = "Slow"
 BATCH_SECONDS = 0.02
@@ -60,11 +60,9 @@ with Triton() as triton:
 
 def slow_model(name: str, image: str, autoscaling: Mapping[str, Any], gpus: int = 0) -> dict[str, Any]:
     """The model: the worker image running SERVE, scaled as `autoscaling` says."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "PyTritonModel",
-        "metadata": {"name": name},
-        "spec": {
+    return pytriton_model(
+        name,
+        {
             "worker": {
                 "image": image,
                 "command": ["python", "-c", SERVE],
@@ -74,7 +72,7 @@ def slow_model(name: str, image: str, autoscaling: Mapping[str, Any], gpus: int 
             "autoscaling": dict(autoscaling),
             "gpus": {"count": gpus},
         },
-    }
+    )
 
 
 def weighted_median(values: list[tuple[float, float]]) -> float | None:
