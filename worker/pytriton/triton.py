@@ -1036,6 +1036,7 @@ class Triton(_Serving):
             declared_models=settings.models,
             workers=lambda: self._workers,
             draining=lambda: self._draining,
+            address="127.0.0.1" if self._group.count > 1 else "0.0.0.0",
         )
         self._health.start()
         LOGGER.info("Waiting for the Triton sidecar at %s", self._control.url)
