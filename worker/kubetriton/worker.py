@@ -257,25 +257,16 @@ class ResponseChecker:
             raise ResponseError(
                 f"Model '{self._spec.name}' callable returned {len(result)} responses for {count} requests"
             )
-        try:
-            return [
-                self._check_response(response, batch_size)
-                for response, batch_size in zip(result, batch_sizes, strict=True)
-            ]
-        except _OutputsLeftOut:
-            return self._check_partial(result, batch_sizes, requests)
-
-    def _check_partial(
-        self, result: Sequence[Any], batch_sizes: Sequence[int | None], requests: Sequence[Request]
-    ) -> list[dict[str, np.ndarray]]:
-        """The responses of a batch in which some leave declared outputs out."""
         responses: list[dict[str, np.ndarray] | ResponseError] = []
+        failed = False
         for response, batch_size, request in zip(result, batch_sizes, requests, strict=True):
             try:
                 responses.append(self._check_response(response, batch_size))
-            except _OutputsLeftOut as left_out:
-                responses.append(self._check_returned(left_out.response, batch_size, request))
-        if any(isinstance(response, ResponseError) for response in responses):
+            except _OutputsLeftOut as left_out:  # some declared outputs left out: those it returned
+                checked = self._check_returned(left_out.response, batch_size, request)
+                failed = failed or isinstance(checked, ResponseError)
+                responses.append(checked)
+        if failed:
             raise SomeRequestsFailed(responses)
         return responses  # type: ignore[return-value]
 
