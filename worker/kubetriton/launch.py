@@ -26,6 +26,7 @@ SUPPORTED = ((3, 10), (3, 13))
 UNSUPPORTED_IMAGE_EXIT_CODE = 78
 """kubetriton.podenv.UNSUPPORTED_IMAGE_EXIT_CODE; this file imports nothing of kubetriton."""
 TERMINATION_LOG = "/dev/termination-log"
+"""kubetriton.podenv.TERMINATION_LOG"""
 EXEC = "--exec"
 """kubetriton.podenv.LAUNCHER_EXEC"""
 PROCESS_COUNT, PROCESS_INDEX = "KUBETRITON_PROCESS_COUNT", "KUBETRITON_PROCESS_INDEX"

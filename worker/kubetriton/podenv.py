@@ -50,6 +50,8 @@ LAUNCHER_EXEC = "--exec"
 """The launcher's option that runs a command (the rest of its arguments) instead of a script."""
 WORKER_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 """The Python versions a worker image may have."""
+TERMINATION_LOG = "/dev/termination-log"
+"""Where a container's termination message goes (Kubernetes' default `terminationMessagePath`)."""
 UNSUPPORTED_IMAGE_EXIT_CODE = 78
 """The launcher's exit status when the worker image cannot run kubetriton (EX_CONFIG); its one-line reason
 is the container's termination message."""

@@ -49,7 +49,6 @@ from kubetriton.server import die_with_parent
 
 LOGGER = logging.getLogger(__name__)
 
-TERMINATION_LOG = "/dev/termination-log"
 LAST_LINES = 10
 """How many of a process's last lines of error output are kept for the message when the supervisor gives
 up."""
@@ -438,7 +437,7 @@ def ask_for_server(path: str, settings: Mapping[str, Any], timeout_s: float) -> 
 def write_termination_message(message: str) -> None:
     """The worker container's termination message, which the model's status shows when it restarts."""
     with contextlib.suppress(OSError):
-        Path(TERMINATION_LOG).write_text(message[:TERMINATION_MESSAGE_BYTES])
+        Path(podenv.TERMINATION_LOG).write_text(message[:TERMINATION_MESSAGE_BYTES])
 
 
 def supervise_pod(argv: Sequence[str], count: int) -> int:
