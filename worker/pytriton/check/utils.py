@@ -372,9 +372,13 @@ def _resource_monitors(logger: logging.Logger) -> list[Callable[[int], None]]:
         ("PROCESS DICT", lambda process: process.as_dict()),
     ]
 
+    processes: dict[int, Any] = {}
+    """One psutil.Process per pid, kept: its CPU use is measured since the last reading of it."""
+
     def monitor(what: str, read: Callable[[Any], Any]) -> Callable[[int], None]:
         def log(pid: int) -> None:
-            logger.debug("MONITOR %s (%d): %s", what, pid, read(psutil.Process(pid)))
+            process = processes.get(pid) or processes.setdefault(pid, psutil.Process(pid))
+            logger.debug("MONITOR %s (%d): %s", what, pid, read(process))
 
         return log
 
