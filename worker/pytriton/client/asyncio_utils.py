@@ -17,12 +17,10 @@ from typing import Any
 import aiohttp
 import tritonclient.grpc.aio
 import tritonclient.http.aio
-from grpc import RpcError
-from tritonclient.utils import InferenceServerException
 
 from pytriton.client.exceptions import PyTritonClientTimeoutError
 from pytriton.client.triton_model_config import TritonModelConfig
-from pytriton.client.utils import LATEST_MODEL_VERSION, ModelState, _state_in_index
+from pytriton.client.utils import _UNREACHABLE, LATEST_MODEL_VERSION, ModelState, _state_in_index
 
 _TritonAsyncioClientType = (
     tritonclient.grpc.aio.InferenceServerClient | tritonclient.http.aio.InferenceServerClient
@@ -31,7 +29,7 @@ _TritonAsyncioClientType = (
 DEFAULT_WAIT_FOR_MODEL_TIMEOUT_S = 60.0
 SLEEP_FACTOR = 0.1
 """The waits bounded by a timeout poll every SLEEP_FACTOR of it, as PyTriton's do."""
-_UNREACHABLE = (InferenceServerException, RpcError, OSError, aiohttp.ClientError)
+_UNREACHABLE_ASYNC = (*_UNREACHABLE, aiohttp.ClientError)
 
 
 async def asyncio_get_model_state(
@@ -135,6 +133,6 @@ async def _poll(ready: Callable[[], Awaitable[Any]], sleep_time_s: float) -> Non
         try:
             if await ready():
                 return
-        except _UNREACHABLE:
+        except _UNREACHABLE_ASYNC:
             pass
         await asyncio.sleep(sleep_time_s)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import socket
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -34,6 +33,8 @@ DEFAULT_WAIT_FOR_MODEL_TIMEOUT_S = 300.0
 LATEST_MODEL_VERSION = "<latest>"
 """How messages name the version when none was given: the server's latest."""
 _POLL_S = 0.25
+_UNREACHABLE = (InferenceServerException, RpcError, OSError)
+"""What a probe of a server that does not answer (yet) raises: refused, unresolved, timed out."""
 
 
 class ModelState(enum.Enum):
@@ -151,7 +152,7 @@ def _poll(ready: Callable[[], bool], timeout_s: float) -> bool:
         try:
             if ready():
                 return True
-        except (InferenceServerException, RpcError, ConnectionError, socket.gaierror):
+        except _UNREACHABLE:
             pass
         remaining = deadline - time.monotonic()
         if remaining <= 0:
