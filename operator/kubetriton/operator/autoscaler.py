@@ -29,7 +29,6 @@ The windows and the step limit's record live in the leader's memory only.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import math
 import re
@@ -319,11 +318,7 @@ def scheduling_hold(pods: Iterable[Mapping[str, Any]], gpu_resource: str) -> str
 # The model's state in the leader, and the I/O.
 
 Key = tuple[str, str]
-"""A model's namespace and name."""
-
-
-def _timestamp() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+"""A model's namespace and name; its children carry the name in their instance label."""
 
 
 @dataclass
@@ -397,7 +392,7 @@ class ModelScaler:
             and (content == before or (alike and now - self.status_at < STATUS_REFRESH_SECONDS))
         ):
             return self.status
-        stamp = _timestamp()
+        stamp = status.now()
         last_scale = stamp if applied else (self.status or {}).get("lastScaleTime")
         self.status = {
             **content,

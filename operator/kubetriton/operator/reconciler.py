@@ -33,7 +33,6 @@ Nothing here builds a manifest: that is `children`'s job, and the status is `sta
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from typing import Any
 import kopf
 from kopf._cogs.structs import references
 from kubetriton.operator import autoscaler, children, naming, status
+from kubetriton.operator.autoscaler import Key
 from kubetriton.operator.kube import (
     AUTOSCALER_FIELD_MANAGER,
     FIELD_MANAGER,
@@ -65,8 +65,6 @@ Insights = references.Insights
 kopf does not export the type; the health endpoint reads whether the models are watched from it."""
 Login = Callable[..., kopf.ConnectionInfo | None]
 """A kopf login handler: called with kopf's keyword arguments, returns the API server connection."""
-Key = tuple[str, str]
-"""A model's namespace and name; its children carry the name in their instance label."""
 
 CHILD_LABELS = {naming.MANAGED_BY_LABEL: naming.MANAGER}
 MODEL_CRD = f"{PLURAL}.{GROUP}"
@@ -133,10 +131,6 @@ def operator_settings() -> kopf.OperatorSettings:
 def login_from_environment(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """The pod's service account inside a cluster, the kubeconfig outside of one."""
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _first(index: kopf.Index[Any, Any] | None, key: Any) -> Any:
@@ -646,7 +640,7 @@ class Reconciler:
         previous = state.written if state.written is not None else owner.get("status") or {}
         new_status = self._status(state, owner, key, previous)
         new_status["conditions"] = status.stamp_transitions(
-            new_status["conditions"], previous.get("conditions", []), _now()
+            new_status["conditions"], previous.get("conditions", []), status.now()
         )
         if observed_generation is not None:
             new_status["observedGeneration"] = observed_generation

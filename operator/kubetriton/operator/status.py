@@ -8,6 +8,7 @@ A refused child keeps the model Degraded, whatever its pods do, until every chil
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,12 @@ from kubetriton import podenv
 from kubetriton.operator import naming
 from kubetriton.operator.pod import WORKER_CONTAINER
 from kubetriton.operator.spec import PyTritonModel
+
+
+def now() -> str:
+    """The time as status fields and conditions stamp it: UTC, whole seconds."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 READY = "Ready"
 PROGRESSING = "Progressing"
