@@ -100,7 +100,11 @@ def test_an_image_with_kubetriton_keeps_its_own(workspace, script):
     ],
 )
 def test_an_image_that_cannot_work_is_refused_in_one_line(version, numpy, reason, workspace, script):
+    termination_log = Path(podenv.TERMINATION_LOG)
+    outside_a_pod = not termination_log.exists()
     result = launch_script(user_image(version, numpy) / "python3", workspace, script)
+    if outside_a_pod:
+        assert not termination_log.exists(), "only the kubelet's termination-message file is written"
     assert result.returncode == podenv.UNSUPPORTED_IMAGE_EXIT_CODE
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr

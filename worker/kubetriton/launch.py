@@ -34,13 +34,17 @@ PROCESS_COUNT, PROCESS_INDEX = "KUBETRITON_PROCESS_COUNT", "KUBETRITON_PROCESS_I
 
 
 def refuse(reason):
+    """Exit with `reason` on stderr and, in a container, as its termination message: into the file that
+    the kubelet provides, never one made here (run outside a pod, the launcher leaves /dev alone)."""
     line = "The worker image cannot run kubetriton: " + reason
     sys.stderr.write(line + "\n")
     try:
-        with open(TERMINATION_LOG, "w") as log:
-            log.write(line)
+        descriptor = os.open(TERMINATION_LOG, os.O_WRONLY | os.O_TRUNC)
     except OSError:  # not in a container
         pass
+    else:
+        with os.fdopen(descriptor, "w") as log:
+            log.write(line)
     sys.exit(UNSUPPORTED_IMAGE_EXIT_CODE)
 
 
