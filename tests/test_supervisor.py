@@ -109,22 +109,24 @@ class _Worker:
         self.spec = type("Spec", (), {"name": "Echo"})()
 
 
+def _process_endpoint(port: int, index: int, worker: _Worker) -> HealthServer:
+    """Worker process `index`'s own probe endpoint, on loopback, for a pod whose health port is `port`."""
+    return HealthServer(
+        podenv.process_health_port(port, index),
+        model_ready=lambda name: True,
+        declared_models=["Echo"],
+        workers=lambda: {"Echo": worker},
+        draining=lambda: False,
+        address="127.0.0.1",
+    )
+
+
 @pytest.fixture
 def processes() -> Iterator[tuple[int, list[_Worker], ProcessesHealth]]:
     """Two processes' real probe endpoints on loopback, and the pod's endpoint in front of them."""
     port = consecutive_free_ports(3)
     workers = [_Worker(attached=True), _Worker(attached=False)]
-    servers = [
-        HealthServer(
-            podenv.process_health_port(port, index),
-            model_ready=lambda name: True,
-            declared_models=["Echo"],
-            workers=lambda worker=worker: {"Echo": worker},
-            draining=lambda: False,
-            address="127.0.0.1",
-        )
-        for index, worker in enumerate(workers)
-    ]
+    servers = [_process_endpoint(port, index, worker) for index, worker in enumerate(workers)]
     pod = ProcessesHealth(port, processes=2, draining=lambda: False, restarts=lambda: [0, 3])
     for server in [*servers, pod]:
         server.start()
@@ -173,19 +175,8 @@ def test_the_pod_is_live_once_every_process_answered_and_while_none_lost_its_ins
     port = consecutive_free_ports(3)
     worker = _Worker(attached=True)
     worker.instances = [_Instance()]
-
-    def process(index: int) -> HealthServer:
-        return HealthServer(
-            podenv.process_health_port(port, index),
-            model_ready=lambda name: True,
-            declared_models=["Echo"],
-            workers=lambda: {"Echo": worker},
-            draining=lambda: False,
-            address="127.0.0.1",
-        )
-
     pod = ProcessesHealth(port, processes=2, draining=lambda: False, restarts=lambda: [0, 0])
-    first, second = process(0), process(1)
+    first, second = _process_endpoint(port, 0, worker), _process_endpoint(port, 1, worker)
     pod.start()
     first.start()
     try:
@@ -202,6 +193,35 @@ def test_the_pod_is_live_once_every_process_answered_and_while_none_lost_its_ins
     finally:
         for server in (first, pod):
             server.stop()
+
+
+def test_a_restarted_process_that_does_not_answer_within_startup_seconds_ends_the_pods_liveness() -> None:
+    port, now = consecutive_free_ports(2), [100.0]
+    pod = ProcessesHealth(
+        port,
+        processes=1,
+        draining=lambda: False,
+        restarts=lambda: [1],
+        restart_bound_s=60,
+        clock=lambda: now[0],
+    )
+    pod.start()
+    try:
+        for _ in range(2):
+            process = _process_endpoint(port, 0, _Worker(attached=True))
+            process.start()
+            assert _get(port, "/livez") == (200, "ok\n")
+            process.stop()  # killed, and restarted: the first time it comes back, the second it hangs
+            assert _get(port, "/livez") == (200, "ok\n")
+            now[0] += 60
+            assert _get(port, "/livez") == (200, "ok\n"), "within startupSeconds it may still come back"
+        now[0] += 1
+        assert _get(port, "/livez") == (
+            503,
+            "process 0: not back 61 s after it stopped answering (startupSeconds: 60)\n",
+        ), "the bound counts from the last time it stopped answering"
+    finally:
+        pod.stop()
 
 
 def test_the_pods_metrics_are_each_processs_with_its_index(processes) -> None:

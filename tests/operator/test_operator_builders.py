@@ -18,7 +18,7 @@ import pytest
 from kubetriton import podenv
 from kubetriton.drain import request_sidecar_stop
 from kubetriton.operator import children, pod
-from kubetriton.operator.spec import PyTritonModel
+from kubetriton.operator.spec import DEFAULT_STARTUP_SECONDS, PyTritonModel
 from kubetriton.sidecar import bootstrap as sidecar_bootstrap
 
 KUBERNETES_VERSION = "1.37.0"
@@ -253,7 +253,9 @@ def test_several_worker_processes_run_under_the_launchers_supervision(
     assert several["command"] == command
     env = {variable["name"]: variable["value"] for variable in several["env"]}
     assert env[podenv.ENV_PROCESS_COUNT] == "3"
-    assert podenv.ENV_PROCESS_COUNT not in {variable["name"] for variable in one["worker"]["env"]}, (
+    assert env[podenv.ENV_STARTUP_SECONDS] == str(DEFAULT_STARTUP_SECONDS), "bounds a restarted process"
+    names = {variable["name"] for variable in one["worker"]["env"]}
+    assert not names & {podenv.ENV_PROCESS_COUNT, podenv.ENV_STARTUP_SECONDS}, (
         "one process renders the pod as before: upgrading the operator must not roll existing models"
     )
 

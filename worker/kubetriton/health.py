@@ -12,6 +12,7 @@ serves the pod's from theirs: ready when every process is, and every process's m
 from __future__ import annotations
 
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
@@ -157,7 +158,9 @@ class ProcessesHealth(ProbeServer):
     The pod is live, as a single worker is, once every process's endpoint has answered (its script
     reached `Triton()`: the startup probe bounds the load before it) and while none says its instance
     threads stopped. A process that stops answering after that is the supervisor's to restart, and
-    keeps the pod live meanwhile."""
+    keeps the pod live meanwhile, for `restart_bound_s` at most (the model's `startupSeconds`): one that
+    does not answer again by then (a restarted script that hangs before `Triton()`) makes the pod not
+    live, and the kubelet restarts the container."""
 
     def __init__(
         self,
@@ -166,22 +169,36 @@ class ProcessesHealth(ProbeServer):
         processes: int,
         draining: Callable[[], bool],
         restarts: Callable[[], Sequence[int]],
+        restart_bound_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ports = [podenv.process_health_port(port, index) for index in range(processes)]
         self._draining = draining
         self._restarts = restarts
+        self._restart_bound_s = restart_bound_s
+        self._clock = clock
         self._started: set[int] = set()
+        self._silent_since: dict[int, float] = {}
         super().__init__(("0.0.0.0", port), live=self.live, ready=self.ready, metrics=self.metrics)
 
     def live(self) -> tuple[bool, str]:
         problems = []
+        now = self._clock()
         for index, (ok, body) in enumerate(self._ask_each("/livez")):
             if ok:
                 self._started.add(index)
+                self._silent_since.pop(index, None)
             elif body:
                 problems += [f"process {index}: {line}" for line in body.splitlines()]
             elif index not in self._started:
                 problems.append(f"process {index}: not started yet")
+            else:
+                silent_s = now - self._silent_since.setdefault(index, now)
+                if self._restart_bound_s is not None and silent_s > self._restart_bound_s:
+                    problems.append(
+                        f"process {index}: not back {silent_s:.0f} s after it stopped answering "
+                        f"(startupSeconds: {self._restart_bound_s:g})"
+                    )
         return (False, "\n".join(problems) + "\n") if problems else (True, "ok\n")
 
     def not_started(self) -> list[int]:

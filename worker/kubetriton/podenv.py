@@ -100,6 +100,9 @@ ENV_PROCESS_COUNT = "KUBETRITON_PROCESS_COUNT"
 """How many worker processes run the script (`spec.worker.processes`, `kubetriton run --processes`)."""
 ENV_PROCESS_INDEX = "KUBETRITON_PROCESS_INDEX"
 """Which of them this process is, from 0; set by the supervisor for each process it starts."""
+ENV_STARTUP_SECONDS = "KUBETRITON_STARTUP_SECONDS"
+"""With several processes in a pod: the model's `startupSeconds`, which bounds a restarted process's way
+back to `Triton()` as the startup probe bounds the first start."""
 ENV_SUPERVISOR = "KUBETRITON_SUPERVISOR"
 """Local mode with several processes: the supervisor's socket, through which `Triton()` asks for the one
 local tritonserver that all of them serve through."""

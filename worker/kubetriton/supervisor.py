@@ -456,8 +456,13 @@ def supervise_pod(argv: Sequence[str], count: int) -> int:
         stop_timeout_s=drain_s + podenv.SIDECAR_EXIT_TIMEOUT_S + STOP_SLACK_S,
         before_stop=lambda: starting.extend(health.not_started()),
     )
+    bound = os.environ.get(podenv.ENV_STARTUP_SECONDS)
     health = ProcessesHealth(
-        health_port, processes=count, draining=lambda: supervisor.stopping, restarts=supervisor.restarts
+        health_port,
+        processes=count,
+        draining=lambda: supervisor.stopping,
+        restarts=supervisor.restarts,
+        restart_bound_s=float(bound) if bound else None,
     )
     health.start()
     try:
@@ -469,7 +474,8 @@ def supervise_pod(argv: Sequence[str], count: int) -> int:
     elif starting:
         write_termination_message(
             f"stopped while worker process {', '.join(map(str, starting))} had not reached Triton() yet: "
-            "a startup probe stops a worker whose script takes longer than startupSeconds to get there"
+            "a worker whose script takes longer than startupSeconds to get there, at its start or after a "
+            "restart, is stopped"
         )
     return code
 

@@ -173,6 +173,7 @@ def worker_environment(spec: PyTritonModelSpec) -> list[dict[str, str]]:
     }
     if spec.worker.processes > 1:
         contract[podenv.ENV_PROCESS_COUNT] = str(spec.worker.processes)
+        contract[podenv.ENV_STARTUP_SECONDS] = str(spec.startup_seconds)
     return [*spec.worker.env, *({"name": name, "value": value} for name, value in contract.items())]
 
 

@@ -81,6 +81,7 @@ RESERVED_WORKER_ENV = (
     podenv.ENV_DRAIN_SECONDS,
     podenv.ENV_HEALTH_PORT,
     podenv.ENV_PROCESS_COUNT,
+    podenv.ENV_STARTUP_SECONDS,
     podenv.ENV_PROCESS_INDEX,
 )
 """The worker's variables that the operator (or the supervisor of several worker processes) sets from the
