@@ -5,13 +5,14 @@ the other serves on, one that keeps dying ends the supervision with its error, a
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -122,31 +123,50 @@ def test_both_processes_serve_over_http_and_grpc(supervised: Supervised) -> None
 
 class ClosedLoop:
     """Closed-loop ModelClients of model Which, each recording when each answer came and from which process
-    (index, pid), and every failure."""
+    (index, pid), and when each failure came, from which client, and what it said."""
 
     def __init__(self, url: str, clients: int) -> None:
         self.answers: list[tuple[float, int, int]] = []
-        self.failures: list[str] = []
+        self.failures: list[tuple[float, str, str]] = []
         self._running = threading.Event()
         self._running.set()
-        self._threads = [threading.Thread(target=self._loop, args=(url,)) for _ in range(clients)]
+        self._threads = [
+            threading.Thread(target=self._loop, args=(url, f"{url} #{index}")) for index in range(clients)
+        ]
         for thread in self._threads:
             thread.start()
 
-    def _loop(self, url: str) -> None:
+    def _loop(self, url: str, name: str) -> None:
         with ModelClient(url, "Which", init_timeout_s=120, inference_timeout_s=60) as client:
             while self._running.is_set():
                 try:
                     index, pid = client.infer_batch(x=np.ones((1, 1), np.float32))["process"][0]
                     self.answers.append((time.monotonic(), int(index), int(pid)))
                 except Exception as error:  # every failure counts, whatever its type
-                    self.failures.append(f"{type(error).__name__}: {error}")
+                    self.failures.append((time.monotonic(), name, f"{type(error).__name__}: {error}"))
 
-    def stop(self) -> tuple[list[tuple[float, int, int]], list[str]]:
+    def stop(self) -> tuple[list[tuple[float, int, int]], list[tuple[float, str, str]]]:
         self._running.clear()
         for thread in self._threads:
             thread.join(90)
         return self.answers, self.failures
+
+
+FAILURES_PER_CLIENT = 2
+"""What a killed worker process may cost a client: the request it had in flight there, and one it sent
+there while the process was dying (the kernel closes its hops one by one, and a proxy instance whose hop
+has not closed yet still sends on it)."""
+
+
+def check_failures_of_a_kill(
+    failures: Sequence[tuple[float, str, str]], killed_at: float, back_at: float
+) -> None:
+    """Requests failed only while the killed process was away, each because its worker went away, and at
+    most FAILURES_PER_CLIENT of each client's."""
+    assert all("went away while the request was in flight" in what for _, _, what in failures), failures
+    assert all(killed_at <= at < back_at for at, _, _ in failures), "none failed once it was back"
+    per_client = collections.Counter(client for _, client, _ in failures)
+    assert max(per_client.values(), default=0) <= FAILURES_PER_CLIENT, per_client
 
 
 def test_a_killed_process_comes_back_alone_while_the_other_serves(supervised: Supervised) -> None:
@@ -154,8 +174,8 @@ def test_a_killed_process_comes_back_alone_while_the_other_serves(supervised: Su
     victim = _processes_answering(supervised, http)[1]
     loads = [ClosedLoop(http, clients=3), ClosedLoop(grpc, clients=3)]
     time.sleep(1)
-    os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
     deadline = killed_at + 60
     while time.monotonic() < deadline and not any(
         index == 1 and pid != victim for load in loads for _, index, pid in load.answers
@@ -169,8 +189,7 @@ def test_a_killed_process_comes_back_alone_while_the_other_serves(supervised: Su
     assert back, f"the killed process never answered again:\n{supervised.log()}"
     print(f"the killed process answered again {back[0]:.2f} s after SIGKILL")
     assert back[0] < 15, "a killed process is started again at once"
-    assert len(failures) <= 6, "only the requests in flight on the killed process fail (one per client)"
-    assert all("went away while the request was in flight" in failure for failure in failures), failures
+    check_failures_of_a_kill(failures, killed_at, killed_at + back[0])
     first = [at for at, index, _ in answers if index == 0]
     during = [at for at in first if killed_at <= at <= killed_at + back[0]]
     assert during, "the other process answered while the killed one was away"
