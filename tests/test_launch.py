@@ -4,6 +4,7 @@ Python that have NumPy and nothing of kubetriton, as users' own images have."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,25 @@ def test_an_image_that_cannot_work_is_refused_in_one_line(version, numpy, reason
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert lines[0].startswith("The worker image cannot run kubetriton: ") and reason in lines[0]
     assert result.stdout == ""
+
+
+def test_sigterm_ends_a_script_that_is_still_loading(workspace, tmp_path):
+    """In a container the launcher is PID 1, which ignores SIGTERM by default: a script stopped while it
+    loads, before `Triton().serve()`, would keep its pod for the whole grace period."""
+    script = tmp_path / "loading.py"
+    script.write_text(
+        "import time\ntry:\n    print('loading', flush=True)\n    time.sleep(60)\n"
+        "finally:\n    print('cleaned up', flush=True)\n"
+    )
+    launcher = workspace / podenv.WORKER_RUNTIME_SUBDIR / podenv.LAUNCHER
+    process = subprocess.Popen(
+        [sys.executable, str(launcher), str(script)], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == "loading\n"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(10) == 128 + signal.SIGTERM
+    assert process.stdout.read() == "cleaned up\n", "the script's finally clauses run"
 
 
 def test_the_launcher_and_the_pod_contract_agree():

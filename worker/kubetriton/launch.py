@@ -20,6 +20,7 @@ import importlib.util
 import os
 import platform
 import runpy
+import signal
 import sys
 
 SUPPORTED = ((3, 10), (3, 13))
@@ -72,6 +73,15 @@ def provide_runtime(runtime):
         refuse(f"the init step provided no pyzmq for Python {major}.{minor} and the image has none")
 
 
+def end_on_sigterm(signum, frame):
+    """SIGTERM ends the script as it ends Python outside a container, through SystemExit (so that `with`
+    blocks and `finally` clauses run), until `Triton().serve()` takes the signal over to drain. As a
+    container's first process Python would ignore it (the kernel gives PID 1 no default action), and a
+    worker stopped while its script loads, by its startup probe or with its pod, would wait out the
+    pod's whole grace period."""
+    sys.exit(128 + signum)
+
+
 def main():
     if len(sys.argv) < 2 or sys.argv[1:] == [EXEC]:
         sys.exit(f"usage: python3 launch.py SCRIPT [ARGUMENT...] | {EXEC} COMMAND [ARGUMENT...]")
@@ -89,6 +99,7 @@ def main():
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python3 SCRIPT` would have it
+    signal.signal(signal.SIGTERM, end_on_sigterm)
     runpy.run_path(script, run_name="__main__")
 
 
