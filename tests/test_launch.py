@@ -101,7 +101,7 @@ def test_an_image_with_kubetriton_keeps_its_own(workspace, script):
     ],
 )
 def test_an_image_that_cannot_work_is_refused_in_one_line(version, numpy, reason, workspace, script):
-    termination_log = Path(podenv.TERMINATION_LOG)
+    termination_log = Path(launch.TERMINATION_LOG)
     outside_a_pod = not termination_log.exists()
     result = launch_script(user_image(version, numpy) / "python3", workspace, script)
     if outside_a_pod:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kubetriton import podenv
+from kubetriton import launch
 from pytriton.client import ModelClient
 
 from tests.conftest import free_ports, shm_entries
@@ -198,7 +198,7 @@ def test_a_killed_process_comes_back_alone_while_the_other_serves(supervised: Su
 
 
 def test_a_process_that_keeps_dying_ends_the_supervision_with_its_error(tmp_path: Path) -> None:
-    termination_log = Path(podenv.TERMINATION_LOG)
+    termination_log = Path(launch.TERMINATION_LOG)
     before = termination_log.stat().st_mtime_ns if termination_log.exists() else None
     running = Supervised(tmp_path, "--second-on-other-ports")
     try:

@@ -254,6 +254,10 @@ def test_several_worker_processes_run_under_the_launchers_supervision(
     env = {variable["name"]: variable["value"] for variable in several["env"]}
     assert env[podenv.ENV_PROCESS_COUNT] == "3"
     assert env[podenv.ENV_STARTUP_SECONDS] == str(DEFAULT_STARTUP_SECONDS), "bounds a restarted process"
+    attach = podenv.AttachSettings.from_environ(env)
+    assert attach is not None and attach.startup_seconds == DEFAULT_STARTUP_SECONDS, (
+        "as the supervisor reads it"
+    )
     names = {variable["name"] for variable in one["worker"]["env"]}
     assert not names & {podenv.ENV_PROCESS_COUNT, podenv.ENV_STARTUP_SECONDS}, (
         "one process renders the pod as before: upgrading the operator must not roll existing models"
@@ -409,6 +413,7 @@ def test_worker_gets_the_contract_environment_last() -> None:
     }
     attach = podenv.AttachSettings.from_environ({e["name"]: e["value"] for e in worker["env"]})
     assert attach is not None and attach.models == ("A", "B") and attach.drain_seconds == 12
+    assert attach.startup_seconds is None, "one process: no restarted process to bound"
 
 
 @pytest.mark.parametrize(

@@ -27,25 +27,31 @@ SUPPORTED = ((3, 10), (3, 13))
 UNSUPPORTED_IMAGE_EXIT_CODE = 78
 """kubetriton.podenv.UNSUPPORTED_IMAGE_EXIT_CODE; this file imports nothing of kubetriton."""
 TERMINATION_LOG = "/dev/termination-log"
-"""kubetriton.podenv.TERMINATION_LOG"""
+"""Where a container's termination message goes (Kubernetes' default `terminationMessagePath`)."""
+TERMINATION_MESSAGE_BYTES = 4000
+"""Kubernetes keeps 4096 bytes of a termination message."""
 EXEC = "--exec"
 """kubetriton.podenv.LAUNCHER_EXEC"""
 PROCESS_COUNT, PROCESS_INDEX = "KUBETRITON_PROCESS_COUNT", "KUBETRITON_PROCESS_INDEX"
 """kubetriton.podenv.ENV_PROCESS_COUNT and ENV_PROCESS_INDEX"""
 
 
-def refuse(reason):
-    """Exit with `reason` on stderr and, in a container, as its termination message: into the file that
-    the kubelet provides, never one made here (run outside a pod, the launcher leaves /dev alone)."""
-    line = "The worker image cannot run kubetriton: " + reason
-    sys.stderr.write(line + "\n")
+def write_termination_message(message):
+    """The worker container's termination message, which the model's status shows: written into the file
+    that the kubelet provides, never into one made here (outside a pod /dev is left alone)."""
     try:
         descriptor = os.open(TERMINATION_LOG, os.O_WRONLY | os.O_TRUNC)
     except OSError:  # not in a container
-        pass
-    else:
-        with os.fdopen(descriptor, "w") as log:
-            log.write(line)
+        return
+    with os.fdopen(descriptor, "w") as log:
+        log.write(message[:TERMINATION_MESSAGE_BYTES])
+
+
+def refuse(reason):
+    """Exit with `reason` on stderr and as the container's termination message."""
+    line = "The worker image cannot run kubetriton: " + reason
+    sys.stderr.write(line + "\n")
+    write_termination_message(line)
     sys.exit(UNSUPPORTED_IMAGE_EXIT_CODE)
 
 

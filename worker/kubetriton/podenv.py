@@ -50,8 +50,6 @@ LAUNCHER_EXEC = "--exec"
 """The launcher's option that runs a command (the rest of its arguments) instead of a script."""
 WORKER_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 """The Python versions a worker image may have."""
-TERMINATION_LOG = "/dev/termination-log"
-"""Where a container's termination message goes (Kubernetes' default `terminationMessagePath`)."""
 UNSUPPORTED_IMAGE_EXIT_CODE = 78
 """The launcher's exit status when the worker image cannot run kubetriton (EX_CONFIG); its one-line reason
 is the container's termination message."""
@@ -142,6 +140,8 @@ class AttachSettings:
     shm_dir: str
     triton_http_port: int = HTTP_PORT
     triton_grpc_port: int = GRPC_PORT
+    startup_seconds: float | None = None
+    """Given with several processes only: how long a restarted one may take to answer again."""
 
     @classmethod
     def from_environ(cls, environ: os._Environ[str] | dict[str, str] | None = None) -> AttachSettings | None:
@@ -158,6 +158,7 @@ class AttachSettings:
             shm_dir=env.get(ENV_SHM_DIR, SHM_MOUNT),
             triton_http_port=int(env.get(ENV_TRITON_HTTP_PORT, HTTP_PORT)),
             triton_grpc_port=int(env.get(ENV_TRITON_GRPC_PORT, GRPC_PORT)),
+            startup_seconds=float(env[ENV_STARTUP_SECONDS]) if env.get(ENV_STARTUP_SECONDS) else None,
         )
 
 

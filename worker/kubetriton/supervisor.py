@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kubetriton import podenv
+from kubetriton.launch import write_termination_message
 from kubetriton.server import die_with_parent
 
 LOGGER = logging.getLogger(__name__)
@@ -52,8 +53,6 @@ LOGGER = logging.getLogger(__name__)
 LAST_LINES = 10
 """How many of a process's last lines of error output are kept for the message when the supervisor gives
 up."""
-TERMINATION_MESSAGE_BYTES = 4000
-"""Kubernetes keeps 4096 bytes of a termination message."""
 STOP_SLACK_S = 15.0
 """Beyond the drain budget and Triton's exit timeout: how long stopping processes may take to exit before
 they are killed."""
@@ -434,12 +433,6 @@ def ask_for_server(path: str, settings: Mapping[str, Any], timeout_s: float) -> 
     return reply
 
 
-def write_termination_message(message: str) -> None:
-    """The worker container's termination message, which the model's status shows when it restarts."""
-    with contextlib.suppress(OSError):
-        Path(podenv.TERMINATION_LOG).write_text(message[:TERMINATION_MESSAGE_BYTES])
-
-
 def supervise_pod(argv: Sequence[str], count: int) -> int:
     """Run `count` worker processes of `argv` in a pod's worker container, with the pod's probe endpoint."""
     from kubetriton.health import ProcessesHealth
@@ -456,13 +449,12 @@ def supervise_pod(argv: Sequence[str], count: int) -> int:
         stop_timeout_s=drain_s + podenv.SIDECAR_EXIT_TIMEOUT_S + STOP_SLACK_S,
         before_stop=lambda: starting.extend(health.not_started()),
     )
-    bound = os.environ.get(podenv.ENV_STARTUP_SECONDS)
     health = ProcessesHealth(
         health_port,
         processes=count,
         draining=lambda: supervisor.stopping,
         restarts=supervisor.restarts,
-        restart_bound_s=float(bound) if bound else None,
+        restart_bound_s=settings.startup_seconds if settings else None,
     )
     health.start()
     try:
