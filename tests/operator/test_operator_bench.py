@@ -25,8 +25,9 @@ def test_the_operator_bench_runs_against_the_emulator(tmp_path: Path) -> None:
     assert figures["API server"] == "the emulated API server of the operator tests"
     assert re.fullmatch(r"[0-9.]+ s after the first create", figures["all statuses written"])
     creating = figures["requests per model, creation"]
-    for child in ("deployments", "services", "servicemonitors", "pytritonmodels/status"):
+    for child in ("deployments", "servicemonitors", "pytritonmodels/status"):
         assert f"PATCH {child} 1.00" in creating, creating
+    assert "PATCH services 2.00" in creating, creating  # the model's Service and its pods Service
     assert figures["per model and minute, steady"].startswith("writes 0.00 (none)")
     assert figures["per model, restart (resume)"].startswith("writes 0.00 (none)")
     assert figures["operator exit code"] == "0"

@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 from kubetriton import podenv
 from kubetriton.drain import request_sidecar_stop
-from kubetriton.operator import children, pod
+from kubetriton.operator import children, naming, pod
 from kubetriton.operator.spec import DEFAULT_STARTUP_SECONDS, PyTritonModel
 from kubetriton.sidecar import bootstrap as sidecar_bootstrap
 
@@ -37,26 +37,32 @@ def model_with(**spec_changes: Any) -> PyTritonModel:
 
 SCENARIOS: list[tuple[str, dict[str, Any], bool, list[str], list[str]]] = [
     # id, spec changes, ServiceMonitor CRD present, wanted kinds, kinds to delete
-    ("defaults", {}, False, ["Deployment", "Service"], ["PodDisruptionBudget", "HorizontalPodAutoscaler"]),
+    (
+        "defaults",
+        {},
+        False,
+        ["Deployment", "Service", "Service"],
+        ["PodDisruptionBudget", "HorizontalPodAutoscaler"],
+    ),
     (
         "one replica",
         {"replicas": 1},
         True,
-        ["Deployment", "Service", "ServiceMonitor"],
+        ["Deployment", "Service", "Service", "ServiceMonitor"],
         ["PodDisruptionBudget", "HorizontalPodAutoscaler"],
     ),
     (
         "two replicas",
         {"replicas": 2, "gpus": {"count": 1}},
         False,
-        ["Deployment", "Service", "PodDisruptionBudget"],
+        ["Deployment", "Service", "Service", "PodDisruptionBudget"],
         ["HorizontalPodAutoscaler"],
     ),
     (
         "autoscaling from one",
         {"autoscaling": {"maxReplicas": 4}},
         False,
-        ["Deployment", "Service", "HorizontalPodAutoscaler"],
+        ["Deployment", "Service", "Service", "HorizontalPodAutoscaler"],
         ["PodDisruptionBudget"],
     ),
     (
@@ -66,14 +72,21 @@ SCENARIOS: list[tuple[str, dict[str, Any], bool, list[str], list[str]]] = [
             "gpus": {"count": 1, "resourceName": "nvidia.com/mig-1g.10gb"},
         },
         True,
-        ["Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ServiceMonitor"],
+        [
+            "Deployment",
+            "Service",
+            "Service",
+            "PodDisruptionBudget",
+            "HorizontalPodAutoscaler",
+            "ServiceMonitor",
+        ],
         [],
     ),
     (
         "autoscaling on the model's own queue time: the operator scales, no HPA",
         {"autoscaling": {"minReplicas": 2, "maxReplicas": 4, "targetQueueMilliseconds": 10}},
         False,
-        ["Deployment", "Service", "PodDisruptionBudget"],
+        ["Deployment", "Service", "Service", "PodDisruptionBudget"],
         ["HorizontalPodAutoscaler"],
     ),
     (
@@ -138,7 +151,7 @@ SCENARIOS: list[tuple[str, dict[str, Any], bool, list[str], list[str]]] = [
             "serviceAccountName": "esm1-reader",
         },
         False,
-        ["Deployment", "Service", "PodDisruptionBudget"],
+        ["Deployment", "Service", "Service", "PodDisruptionBudget"],
         ["HorizontalPodAutoscaler"],
     ),
 ]
@@ -150,9 +163,9 @@ def test_children_per_spec(changes: dict[str, Any], monitor: bool, kinds: list[s
     model = model_with(**changes)
     built = children.desired(model, service_monitor=monitor)
     assert [obj["kind"] for obj in built] == kinds
-    assert [kind.kind for kind in children.unwanted(model, service_monitor_available=monitor)] == gone
+    assert [child.kind.kind for child in children.unwanted(model, service_monitor_available=monitor)] == gone
+    assert [obj["metadata"]["name"] for obj in built if obj["kind"] == "Service"] == ["esm1", "esm1-pods"]
     for obj in built:
-        assert obj["metadata"]["name"] == "esm1"
         assert obj["metadata"]["namespace"] == "models"
         assert obj["metadata"]["labels"] == {
             "app.kubernetes.io/name": "pytriton-model",
@@ -171,6 +184,36 @@ def test_children_pass_the_kubernetes_schemas(changes: dict[str, Any], monitor: 
             ]
             continue
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_pods_service_lists_each_ready_pod_on_the_model_services_ports() -> None:
+    model = model_with(
+        service={"type": "LoadBalancer", "ports": {"http": 80, "grpc": 81, "metrics": 82, "worker": 83}}
+    )
+    service, pods = children.build_service(model), children.build_pods_service(model)
+    assert pods["metadata"]["name"] == "esm1-pods"
+    assert pods["spec"]["clusterIP"] == "None"
+    assert "type" not in pods["spec"] and "publishNotReadyAddresses" not in pods["spec"]
+    assert pods["spec"]["selector"] == service["spec"]["selector"]
+    assert pods["spec"]["ports"] == service["spec"]["ports"]
+
+
+@pytest.mark.parametrize(
+    ("model_name", "suffix", "expected"),
+    [
+        ("esm1", "-pods", "esm1-pods"),
+        ("a" * 58, "-pods", "a" * 58 + "-pods"),
+        ("a" * 59, "-pods", "a" * 49 + "-111bb261-pods"),
+        ("a" * 63, "-router", "a" * 47 + "-7d3e74a0-router"),
+    ],
+)
+def test_a_childs_name_is_a_dns_label_that_names_one_model(
+    model_name: str, suffix: str, expected: str
+) -> None:
+    name = naming.child_name(model_name, suffix)
+    assert len(name) <= 63
+    assert name.endswith(suffix)
+    assert name == expected
 
 
 def _deployment(**changes: Any) -> dict[str, Any]:

@@ -119,5 +119,5 @@ def test_render_reads_standard_input_and_adds_the_service_monitor_on_request() -
         check=True,
     )
     kinds = [d["kind"] for d in yaml.safe_load_all(result.stdout)]
-    assert kinds == ["Deployment", "Service", "ServiceMonitor"]
+    assert kinds == ["Deployment", "Service", "Service", "ServiceMonitor"]
     assert all(d["metadata"]["namespace"] == "default" for d in yaml.safe_load_all(result.stdout))

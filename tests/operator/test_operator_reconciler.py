@@ -176,6 +176,7 @@ async def test_create_applies_children_owned_by_the_model(
         lambda: stored(cluster, CHILD_APIS["Deployment"], "identity"), message="Deployment"
     )
     service = await eventually(lambda: stored(cluster, CHILD_APIS["Service"], "identity"), message="Service")
+    pods = await eventually(lambda: stored(cluster, CHILD_APIS["Service"], "identity-pods"), message="pods")
     owner = {
         "apiVersion": "kubetriton.dev/v1alpha1",
         "kind": "PyTritonModel",
@@ -184,7 +185,7 @@ async def test_create_applies_children_owned_by_the_model(
         "controller": True,
         "blockOwnerDeletion": True,
     }
-    for child in (deployment, service):
+    for child in (deployment, service, pods):
         assert child["metadata"]["ownerReferences"] == [owner]
         assert children.FINGERPRINT_ANNOTATION in child["metadata"]["annotations"]
     assert stored(cluster, CHILD_APIS["PodDisruptionBudget"], "identity") is None
@@ -194,6 +195,8 @@ async def test_create_applies_children_owned_by_the_model(
     assert status["selector"] == naming.selector_string("identity")
     assert status["url"] == "http://identity.default.svc:8000"
     assert status["grpcUrl"] == "grpc://identity.default.svc:8001"
+    assert status["podsUrl"] == "http://identity-pods.default.svc:8000"
+    assert status["podsGrpcUrl"] == "grpc://identity-pods.default.svc:8001"
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "Ready": "False",
         "Progressing": "True",
@@ -205,7 +208,7 @@ async def test_create_applies_children_owned_by_the_model(
     rendered = children.desired(
         PyTritonModel.model_validate(admit(model_document("identity"))[0]), service_monitor=False
     )
-    assert [deployment["spec"], service["spec"]] == [child["spec"] for child in rendered]
+    assert [deployment["spec"], service["spec"], pods["spec"]] == [child["spec"] for child in rendered]
     deletes = [r for r in cluster if r.method.value.upper() == "DELETE"]
     crd_reads = [
         r for r in cluster if r.resource and r.resource.plural == "customresourcedefinitions" and r.name
@@ -617,8 +620,13 @@ async def test_a_terminating_namespace_is_left_alone(
     seen = len(list(cluster))
     for name in names:  # as the namespace controller does: children and models go, in any order
         await set_deployment_status(cluster, name, ready=0, replicas=2, namespace="doomed")
-        for kind in ("Deployment", "Service", "PodDisruptionBudget"):
-            await delete(cluster, child_path(kind, name, "doomed"))
+        for kind, child in (
+            ("Deployment", name),
+            ("Service", name),
+            ("Service", f"{name}-pods"),
+            ("PodDisruptionBudget", name),
+        ):
+            await delete(cluster, child_path(kind, child, "doomed"))
         await delete(cluster, MODELS.format(ns="doomed") + f"/{name}")
 
     indices = operator.reconciler.indices

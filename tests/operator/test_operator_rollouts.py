@@ -80,8 +80,8 @@ async def test_a_changed_generator_rolls_a_few_models_at_a_time(
     cluster: ClusterEmulator, start_operator: StartOperator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await serving_models(cluster, start_operator)
-    build = children._BUILDERS[children.DEPLOYMENT]
-    monkeypatch.setitem(children._BUILDERS, children.DEPLOYMENT, new_generator(build))
+    build = children._BUILDERS[children.MODEL_DEPLOYMENT]
+    monkeypatch.setitem(children._BUILDERS, children.MODEL_DEPLOYMENT, new_generator(build))
     await start_operator(max_concurrent_rollouts=2)
 
     def rolled() -> list[str]:

@@ -148,6 +148,19 @@ RULE_CASES = [
         spec.SERVICE_SAFE_NAME,
     ),
     (
+        "a name its pods Service takes",
+        _with(metadata__name="esm1-pods"),
+        "metadata.name",
+        spec.RESERVED_NAME_SUFFIX,
+    ),
+    (
+        "a name its router takes",
+        _with(metadata__name="esm1-router"),
+        "metadata.name",
+        spec.RESERVED_NAME_SUFFIX,
+    ),
+    ("a suffix inside the name", _with(metadata__name="pods-router-esm1"), None, None),
+    (
         "the user's own variable",
         _with(spec__worker=_worker(env=[{"name": "HF_HOME", "value": "/hf"}])),
         None,

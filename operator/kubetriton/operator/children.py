@@ -1,7 +1,11 @@
 """The desired child objects of a model: one pure builder per kind, and the set the model needs.
 
 Builders take the validated model and return plain dicts. The reconciler applies what `desired`
-returns and deletes the kinds listed by `unwanted`; `kubetriton render` prints the same list.
+returns and deletes the children listed by `unwanted`; `kubetriton render` prints the same list.
+
+A model has at most one child of each `Child`: its kind and the suffix its name adds to the model's
+(the model's Service is named after the model, the Service that lists its pods one by one after the
+model and `-pods`). Those suffixes are reserved: no model's name ends with one (`spec`).
 
 Each applied child carries the fingerprint of what was applied, so that the reconciler can tell from
 the objects it watches, without a request, whether a child is already as the model wants it.
@@ -47,24 +51,43 @@ POD_DISRUPTION_BUDGET = ChildKind("policy/v1", "PodDisruptionBudget", "poddisrup
 HORIZONTAL_POD_AUTOSCALER = ChildKind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers")
 SERVICE_MONITOR = ChildKind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors")
 CHILD_KINDS = (DEPLOYMENT, SERVICE, POD_DISRUPTION_BUDGET, HORIZONTAL_POD_AUTOSCALER, SERVICE_MONITOR)
+
+
+@dataclass(frozen=True)
+class Child:
+    """One child of a model: its kind, and what its name adds to the model's name."""
+
+    kind: ChildKind
+    suffix: str = ""
+
+    def name(self, model_name: str) -> str:
+        return naming.child_name(model_name, self.suffix)
+
+    def describe(self, model_name: str) -> str:
+        """The kind, and the name where it is not the model's."""
+        return f"{self.kind.kind} {self.name(model_name)}" if self.suffix else self.kind.kind
+
+
+MODEL_DEPLOYMENT = Child(DEPLOYMENT)
+MODEL_SERVICE = Child(SERVICE)
+PODS_SERVICE = Child(SERVICE, naming.PODS_SUFFIX)
+DISRUPTION_BUDGET = Child(POD_DISRUPTION_BUDGET)
+AUTOSCALER = Child(HORIZONTAL_POD_AUTOSCALER)
+MONITOR = Child(SERVICE_MONITOR)
+CHILDREN = (MODEL_DEPLOYMENT, MODEL_SERVICE, PODS_SERVICE, DISRUPTION_BUDGET, AUTOSCALER, MONITOR)
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 SERVICE_MONITOR_ENDPOINTS = [{"port": "metrics", "path": "/metrics"}, {"port": "worker", "path": "/metrics"}]
 FINGERPRINT_ANNOTATION = f"{GROUP}/fingerprint"
 
 
-def kind_of(obj: dict[str, Any]) -> ChildKind:
-    """The child kind of a built object."""
-    (kind,) = (
-        kind for kind in CHILD_KINDS if (kind.api_version, kind.kind) == (obj["apiVersion"], obj["kind"])
-    )
-    return kind
-
-
-def _object(kind: ChildKind, model: PyTritonModel, spec: dict[str, Any]) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": model.metadata.name, "labels": naming.labels(model.metadata.name)}
+def _object(child: Child, model: PyTritonModel, spec: dict[str, Any]) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "name": child.name(model.metadata.name),
+        "labels": naming.labels(model.metadata.name),
+    }
     if model.metadata.namespace:
         metadata["namespace"] = model.metadata.namespace
-    return {"apiVersion": kind.api_version, "kind": kind.kind, "metadata": metadata, "spec": spec}
+    return {"apiVersion": child.kind.api_version, "kind": child.kind.kind, "metadata": metadata, "spec": spec}
 
 
 def build_deployment(model: PyTritonModel) -> dict[str, Any]:
@@ -76,7 +99,7 @@ def build_deployment(model: PyTritonModel) -> dict[str, Any]:
     }
     if model.spec.fixed_replicas is not None:
         spec["replicas"] = model.spec.fixed_replicas
-    return _object(DEPLOYMENT, model, spec)
+    return _object(MODEL_DEPLOYMENT, model, spec)
 
 
 def first_deployment(deployment: dict[str, Any], model: PyTritonModel) -> dict[str, Any]:
@@ -111,27 +134,41 @@ def build_replicas(model: PyTritonModel, replicas: int) -> dict[str, Any]:
     }
 
 
-def build_service(model: PyTritonModel) -> dict[str, Any]:
-    """The Service clients use: Triton's HTTP, gRPC and metrics ports, and the worker's health port."""
+def _service_ports(model: PyTritonModel) -> list[dict[str, Any]]:
+    """Triton's HTTP, gRPC and metrics ports, and the worker's health port."""
     ports = model.spec.service.ports
+    return [
+        {"name": "http", "port": ports.http, "targetPort": "http", "protocol": "TCP"},
+        {"name": "grpc", "port": ports.grpc, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
+        {"name": "metrics", "port": ports.metrics, "targetPort": "metrics", "protocol": "TCP"},
+        {"name": "worker", "port": ports.worker, "targetPort": "health", "protocol": "TCP"},
+    ]
+
+
+def build_service(model: PyTritonModel) -> dict[str, Any]:
+    """The Service of the spec's type: one address for the model, balanced per connection."""
     return _object(
-        SERVICE,
+        MODEL_SERVICE,
         model,
         {
             "type": model.spec.service.type,
             "selector": naming.selector_labels(model.metadata.name),
-            "ports": [
-                {"name": "http", "port": ports.http, "targetPort": "http", "protocol": "TCP"},
-                {
-                    "name": "grpc",
-                    "port": ports.grpc,
-                    "targetPort": "grpc",
-                    "protocol": "TCP",
-                    "appProtocol": "grpc",
-                },
-                {"name": "metrics", "port": ports.metrics, "targetPort": "metrics", "protocol": "TCP"},
-                {"name": "worker", "port": ports.worker, "targetPort": "health", "protocol": "TCP"},
-            ],
+            "ports": _service_ports(model),
+        },
+    )
+
+
+def build_pods_service(model: PyTritonModel) -> dict[str, Any]:
+    """A headless Service: its name resolves to the address of each Ready pod, so that a client (a
+    ModelClient given this name, or the router) balances each request over the pods itself. A pod that
+    stops or is not Ready leaves the answer; the ports are the model Service's."""
+    return _object(
+        PODS_SERVICE,
+        model,
+        {
+            "clusterIP": "None",
+            "selector": naming.selector_labels(model.metadata.name),
+            "ports": _service_ports(model),
         },
     )
 
@@ -139,7 +176,7 @@ def build_service(model: PyTritonModel) -> dict[str, Any]:
 def build_pod_disruption_budget(model: PyTritonModel) -> dict[str, Any]:
     """Voluntary evictions take one pod at a time."""
     return _object(
-        POD_DISRUPTION_BUDGET,
+        DISRUPTION_BUDGET,
         model,
         {"maxUnavailable": 1, "selector": {"matchLabels": naming.selector_labels(model.metadata.name)}},
     )
@@ -164,7 +201,7 @@ def build_horizontal_pod_autoscaler(model: PyTritonModel) -> dict[str, Any]:
         }
     ]
     return _object(
-        HORIZONTAL_POD_AUTOSCALER,
+        AUTOSCALER,
         model,
         {
             "scaleTargetRef": {
@@ -183,7 +220,7 @@ def build_service_monitor(model: PyTritonModel) -> dict[str, Any]:
     """Prometheus Operator scraping of Triton's metrics and of the worker's (requests, failures, busy
     time, in-flight requests and attached instances per model)."""
     return _object(
-        SERVICE_MONITOR,
+        MONITOR,
         model,
         {
             "selector": {"matchLabels": naming.selector_labels(model.metadata.name)},
@@ -192,30 +229,36 @@ def build_service_monitor(model: PyTritonModel) -> dict[str, Any]:
     )
 
 
-def wanted_kinds(model: PyTritonModel, *, service_monitor: bool) -> list[ChildKind]:
-    """The kinds of children the model needs, in the order they are applied."""
-    kinds = [DEPLOYMENT, SERVICE]
+def wanted(model: PyTritonModel, *, service_monitor: bool) -> list[Child]:
+    """The children the model needs, in the order they are applied."""
+    wanted = [MODEL_DEPLOYMENT, MODEL_SERVICE, PODS_SERVICE]
     if model.spec.min_replicas > 1:
-        kinds.append(POD_DISRUPTION_BUDGET)
+        wanted.append(DISRUPTION_BUDGET)
     if model.spec.autoscaling is not None and not model.spec.scaled_by_operator:
-        kinds.append(HORIZONTAL_POD_AUTOSCALER)
+        wanted.append(AUTOSCALER)
     if service_monitor:
-        kinds.append(SERVICE_MONITOR)
-    return kinds
+        wanted.append(MONITOR)
+    return wanted
 
 
 _BUILDERS = {
-    DEPLOYMENT: build_deployment,
-    SERVICE: build_service,
-    POD_DISRUPTION_BUDGET: build_pod_disruption_budget,
-    HORIZONTAL_POD_AUTOSCALER: build_horizontal_pod_autoscaler,
-    SERVICE_MONITOR: build_service_monitor,
+    MODEL_DEPLOYMENT: build_deployment,
+    MODEL_SERVICE: build_service,
+    PODS_SERVICE: build_pods_service,
+    DISRUPTION_BUDGET: build_pod_disruption_budget,
+    AUTOSCALER: build_horizontal_pod_autoscaler,
+    MONITOR: build_service_monitor,
 }
+
+
+def build(child: Child, model: PyTritonModel) -> dict[str, Any]:
+    """The object of one of the model's children."""
+    return _BUILDERS[child](model)
 
 
 def desired(model: PyTritonModel, *, service_monitor: bool) -> list[dict[str, Any]]:
     """Every child object the model needs."""
-    return [_BUILDERS[kind](model) for kind in wanted_kinds(model, service_monitor=service_monitor)]
+    return [build(child, model) for child in wanted(model, service_monitor=service_monitor)]
 
 
 def fingerprint(child: dict[str, Any]) -> str:
@@ -231,11 +274,11 @@ def stamped(child: dict[str, Any]) -> dict[str, Any]:
     return {**child, "metadata": {**metadata, "annotations": annotations}}
 
 
-def unwanted(model: PyTritonModel, *, service_monitor_available: bool) -> list[ChildKind]:
-    """Kinds that a previous spec may have created and this one no longer needs.
+def unwanted(model: PyTritonModel, *, service_monitor_available: bool) -> list[Child]:
+    """Children that a previous spec may have created and this one no longer needs.
 
     A ServiceMonitor is only considered where its API exists: elsewhere there is nothing to delete.
     """
-    wanted = wanted_kinds(model, service_monitor=service_monitor_available)
-    candidates = [kind for kind in CHILD_KINDS if kind is not SERVICE_MONITOR or service_monitor_available]
-    return [kind for kind in candidates if kind not in wanted]
+    needed = wanted(model, service_monitor=service_monitor_available)
+    candidates = [child for child in CHILDREN if child is not MONITOR or service_monitor_available]
+    return [child for child in candidates if child not in needed]

@@ -117,7 +117,7 @@ def openapi_schema() -> dict[str, Any]:
     return {
         "type": "object",
         "required": ["spec"],
-        "x-kubernetes-validations": [spec.SERVICE_SAFE_NAME],
+        "x-kubernetes-validations": [spec.SERVICE_SAFE_NAME, spec.RESERVED_NAME_SUFFIX],
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},

@@ -137,6 +137,12 @@ def _first(index: kopf.Index[Any, Any] | None, key: Any) -> Any:
     return next(iter(index.get(key, ()))) if index is not None and key in index else None
 
 
+def _named(index: kopf.Index[Any, Any] | None, key: Any, name: str) -> Any:
+    """The summary of the child called `name` among those indexed under the model's key."""
+    found = index.get(key, ()) if index is not None and key in index else ()
+    return next((summary for summary in found if summary["metadata"]["name"] == name), None)
+
+
 def _stamp(metadata: Mapping[str, Any]) -> tuple[str, int]:
     """A model's uid and spec generation: what a converge or a parse is done once for."""
     return metadata.get("uid", ""), metadata.get("generation", 0)
@@ -225,11 +231,12 @@ def rolling_out(deployment: Mapping[str, Any]) -> bool:
 async def _child_summary(
     body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any
 ) -> dict[Key, Any]:
-    """A Deployment's summary; of any other child, the fingerprint of what the operator applied."""
+    """A Deployment's summary; of any other child, its name and the fingerprint of what the operator
+    applied. A model may have several children of one kind, told apart by name."""
     key = (namespace, labels.get(naming.INSTANCE_LABEL, ""))
     if body.get("kind") == children.DEPLOYMENT.kind:
         return {key: _deployment_summary(body)}
-    return {key: _fingerprint_of(body)}
+    return {key: {"metadata": {"name": body.metadata.name}, "fingerprint": _fingerprint_of(body)}}
 
 
 async def _pod_summary(
@@ -368,12 +375,12 @@ class Reconciler:
             return None
         return owner
 
-    def _observed(self, kind: children.ChildKind, key: Key) -> Any:
-        return _first(self.indices.get(INDEXES[kind]), key)
+    def _observed(self, child: children.Child, key: Key) -> Any:
+        return _named(self.indices.get(INDEXES[child.kind]), key, child.name(key[1]))
 
     def _deployment(self, key: Key) -> dict[str, Any] | None:
         """The Deployment's summary: the operator's last apply, until the index has caught up with it."""
-        observed = self._observed(children.DEPLOYMENT, key)
+        observed = self._observed(children.MODEL_DEPLOYMENT, key)
         state = self._models.get(key)
         applied = state.applied_deployment if state is not None else None
         if applied is None or (
@@ -545,38 +552,37 @@ class Reconciler:
         key = (model.metadata.namespace or "", model.metadata.name)
         monitor = self.crd_established(children.SERVICE_MONITOR_CRD)
         applied, deleted, held = [], [], ""
-        for child in children.desired(model, service_monitor=monitor):
-            kind = children.kind_of(child)
+        for part in children.wanted(model, service_monitor=monitor):
+            kind, child = part.kind, children.build(part, model)
             kopf.append_owner_reference(child, owner=dict(owner))
-            observed = self._observed(kind, key)
-            applied_before = observed["fingerprint"] if kind is children.DEPLOYMENT and observed else observed
-            if applied_before == children.fingerprint(child):
+            observed = self._observed(part, key)
+            if observed is not None and observed["fingerprint"] == children.fingerprint(child):
                 continue
-            if kind is children.DEPLOYMENT and observed and _converged_before(owner):
+            if part is children.MODEL_DEPLOYMENT and observed and _converged_before(owner):
                 held = await self._roll_when_free(key, kind, child, state)
                 if held is None:
-                    applied.append(kind.kind)
+                    applied.append(part.describe(key[1]))
                 continue
             child = children.stamped(child)
-            if kind is children.DEPLOYMENT and observed is None:
+            if part is children.MODEL_DEPLOYMENT and observed is None:
                 child = children.first_deployment(child, model)
-            elif kind is children.DEPLOYMENT and model.spec.autoscaling:
+            elif part is children.MODEL_DEPLOYMENT and model.spec.autoscaling:
                 live = self._deployment(key) or observed  # the autoscaler's last write, if newer
                 if live["ownsReplicas"]:
                     handover = children.build_replicas(model, live["spec"]["replicas"])
                     await self._apply(kind, handover, HANDOVER_FIELD_MANAGER)
             answer = await self._apply(kind, child)
-            if kind is children.DEPLOYMENT:
+            if part is children.MODEL_DEPLOYMENT:
                 state.applied_deployment = _deployment_summary(answer)
-            applied.append(kind.kind)
-        for kind in children.unwanted(model, service_monitor_available=monitor):
-            if self._observed(kind, key) is None:
+            applied.append(part.describe(key[1]))
+        for part in children.unwanted(model, service_monitor_available=monitor):
+            if self._observed(part, key) is None:
                 continue
             try:
-                if await self.api.delete(kind.api_version, kind.plural, key[0], key[1]):
-                    deleted.append(kind.kind)
+                if await self.api.delete(part.kind.api_version, part.kind.plural, key[0], part.name(key[1])):
+                    deleted.append(part.describe(key[1]))
             except KubeError as error:
-                raise ApplyError(kind, error) from error
+                raise ApplyError(part.kind, error) from error
         done = [
             f"{verb} {', '.join(kinds)}"
             for verb, kinds in (("applied", applied), ("deleted", deleted))

@@ -228,6 +228,13 @@ SERVICE_SAFE_NAME = _cel(
     field_path=".metadata.name",
     reason="FieldValueInvalid",
 )
+RESERVED_NAME_SUFFIX = _cel(
+    " && ".join(f"!self.metadata.name.endsWith('{suffix}')" for suffix in naming.RESERVED_SUFFIXES),
+    f"metadata.name may not end with {' or '.join(naming.RESERVED_SUFFIXES)}: the model's own children"
+    " are named so",
+    field_path=".metadata.name",
+    reason="FieldValueInvalid",
+)
 
 
 class _Model(BaseModel):
@@ -802,6 +809,11 @@ class PyTritonModelStatus(_Model):
     """HTTP endpoint of the model's Service, inside the cluster."""
     grpc_url: str = ""
     """gRPC endpoint of the model's Service, inside the cluster."""
+    pods_url: str = ""
+    """HTTP endpoint whose name resolves to each Ready pod: a ModelClient given it balances each request
+    over the pods."""
+    pods_grpc_url: str = ""
+    """The same over gRPC."""
     autoscaling: AutoscalingStatus | None = None
     """The operator's own autoscaler, for a model scaled on its own signals."""
 
@@ -822,6 +834,8 @@ class ObjectMeta(BaseModel):
     def _service_safe(cls, value: str) -> str:
         if len(value) > OBJECT_NAME_MAX_LENGTH or not re.match(OBJECT_NAME_PATTERN, value):
             raise ValueError(SERVICE_SAFE_NAME["message"])
+        if value.endswith(naming.RESERVED_SUFFIXES):
+            raise ValueError(RESERVED_NAME_SUFFIX["message"])
         return value
 
 

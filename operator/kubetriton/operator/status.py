@@ -293,8 +293,7 @@ def summarize(
         "readyReplicas": deployment_status.get("readyReplicas", 0),
         "selector": naming.selector_string(name),
         "conditions": conditions,
-        "url": naming.http_url(name, namespace, ports.http),
-        "grpcUrl": naming.grpc_url(name, namespace, ports.grpc),
+        **_urls(name, namespace, ports.http, ports.grpc),
     }
 
 
@@ -303,6 +302,19 @@ def invalid_spec(name: str, namespace: str, message: str) -> dict[str, Any]:
     return {
         "selector": naming.selector_string(name),
         "conditions": failure_conditions(INVALID_SPEC, message),
-        "url": naming.http_url(name, namespace),
-        "grpcUrl": naming.grpc_url(name, namespace),
+        **_urls(name, namespace),
+    }
+
+
+def _urls(
+    name: str, namespace: str, http: int = podenv.HTTP_PORT, grpc: int = podenv.GRPC_PORT
+) -> dict[str, str]:
+    """Where clients reach the model: its Service, and the name of its pods that ModelClient balances
+    over."""
+    pods = naming.pods_host(name, namespace)
+    return {
+        "url": naming.http_url(name, namespace, http),
+        "grpcUrl": naming.grpc_url(name, namespace, grpc),
+        "podsUrl": f"http://{pods}:{http}",
+        "podsGrpcUrl": f"grpc://{pods}:{grpc}",
     }
