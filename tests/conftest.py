@@ -134,26 +134,37 @@ class PlainTriton:
 
 
 @contextlib.contextmanager
-def plain_triton(home: TritonHome, workspace: Path) -> Iterator[PlainTriton]:
-    """A tritonserver from `home` on free ports, its repository and log in `workspace`."""
+def plain_triton(
+    home: TritonHome, workspace: Path, *, address: str | None = None, ports: tuple[int, int] | None = None
+) -> Iterator[PlainTriton]:
+    """A tritonserver from `home`, its repository and log in `workspace`: on free ports of every address,
+    or on `ports` (HTTP, gRPC) of one loopback `address`, so that servers on 127.0.0.1 and 127.0.0.2 can
+    share their ports as pods do."""
     repository = workspace / "models"
     repository.mkdir()
     http, grpc, metrics = free_ports(3)
+    extra_args: list[str] = []
+    if address is not None:
+        http, grpc = ports or (http, grpc)
+        extra_args = [f"--http-address={address}", f"--grpc-address={address}"]
+    host = address or "localhost"
     server = LocalTritonServer(
         home,
         model_repository=repository,
         repository_token=PlainTriton.token,
-        shm_prefix=f"/dev/shm/kubetriton-plain-{http}",
+        shm_prefix=f"/dev/shm/kubetriton-plain-{metrics}",
         log_path=workspace / "tritonserver.log",
         http_port=http,
         grpc_port=grpc,
         metrics_port=metrics,
         exit_timeout_s=5,
         log_verbose=0,
-        extra_args=[],
+        extra_args=extra_args,
+        control_url=f"http://{host}:{http}",
+        listening=None if address is None else {"metrics": metrics},
     )
     server.start()
-    control = httpclient.InferenceServerClient(f"localhost:{http}")
+    control = httpclient.InferenceServerClient(f"{host}:{http}")
     try:
         yield PlainTriton(repository, http, grpc, control)
     finally:

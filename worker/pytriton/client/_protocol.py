@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
+from kubetriton.replicas import balanced_host
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from pytriton.client._url import Endpoint
@@ -235,6 +236,25 @@ def _is_connection_refused(error: BaseException) -> bool:
     return isinstance(error, ConnectionRefusedError) or isinstance(
         getattr(error, "os_error", None), ConnectionRefusedError
     )
+
+
+def balanced(endpoint: Endpoint) -> bool:
+    """Whether the endpoint's requests are spread over the addresses of its host."""
+    return balanced_host(endpoint.host, endpoint.ssl)
+
+
+def never_sent(error: BaseException) -> bool:
+    """Whether a request failed before it reached any server: its connection was refused. Such a request
+    may go to another replica; one that failed after it was sent may have run, and is not sent again."""
+    if _is_connection_refused(error):
+        return True
+    if isinstance(error, InferenceServerException):
+        text = f"{error.status() or ''} {error.message() or error}"
+    elif isinstance(error, grpc.RpcError) and hasattr(error, "code"):
+        text = f"{error.code()} {error.details() if hasattr(error, 'details') else error}"
+    else:
+        return False
+    return "UNAVAILABLE" in text and "failed to connect" in text.lower()
 
 
 def _is_timeout(error: BaseException) -> bool:

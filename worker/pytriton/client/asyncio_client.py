@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -19,6 +20,7 @@ import tritonclient.grpc
 import tritonclient.grpc.aio
 import tritonclient.http
 import tritonclient.http.aio
+from kubetriton import replicas as replica_sets
 
 from pytriton.client import _protocol
 from pytriton.client._protocol import BaseModelClient
@@ -38,8 +40,9 @@ _T = TypeVar("_T")
 
 class AsyncioModelClient(BaseModelClient):
     """asyncio client of one model on a Triton server; see ModelClient for the waiting, timeout and error
-    rules. Use `async with`, or `await close()`. With `lazy_init=False`, entering the context waits for
-    the model and reads its configuration."""
+    rules, and for how a name with several addresses is balanced per request. Use `async with`, or
+    `await close()`. With `lazy_init=False`, entering the context waits for the model and reads its
+    configuration."""
 
     _streaming = False
 
@@ -67,11 +70,18 @@ class AsyncioModelClient(BaseModelClient):
         self._model_config = TritonModelConfig.of(model_config)
         self._model_ready = not ensure_model_is_ready
         self._access_token = access_token
-        self._client: Any = None
-        self._connected_at = 0.0
+        self._clients: dict[str, Any] = {}
+        """The connection to each host requests go to: the URL's, or the replicas of a balanced name."""
+        self._connected_at: dict[str, float] = {}
         self._in_flight: dict[Any, int] = {}
         self._retired: list[Any] = []
-        """HTTP clients replaced for their age, each closed once its requests in flight are answered."""
+        """Connections replaced for their age (HTTP) or to a replica that left, each closed once its
+        requests in flight are answered."""
+        self._replicas = (
+            replica_sets.shared(self._endpoint.host, self._endpoint.port)
+            if _protocol.balanced(self._endpoint)
+            else None
+        )
         self._init_lock = asyncio.Lock()
         self._closed = False
 
@@ -92,11 +102,10 @@ class AsyncioModelClient(BaseModelClient):
         if self._closed:
             return
         self._closed = True
-        clients = [*self._retired, self._client]
-        self._client, self._retired = None, []
+        clients = [*self._retired, *self._clients.values()]
+        self._clients, self._retired = {}, []
         for client in clients:
-            if client is not None:
-                await client.close()
+            await client.close()
 
     @property
     def model_config(self) -> Awaitable[TritonModelConfig]:
@@ -153,31 +162,66 @@ class AsyncioModelClient(BaseModelClient):
         if self._closed:
             raise PyTritonClientClosedError(f"The client of model {self._model_name} at {self.url} is closed")
 
-    def _connection(self) -> Any:
+    def _connection(self, host: str | None = None) -> Any:
+        """The connection to `host` (the URL's by default), made on first use."""
         self._check_open()
-        if self._client is None:
-            self._connected_at = time.monotonic()
+        host = host or self._endpoint.host
+        client = self._clients.get(host)
+        if client is None:
+            endpoint = dataclasses.replace(self._endpoint, host=host)
+            self._connected_at[host] = time.monotonic()
             if self._is_grpc:
-                self._client = tritonclient.grpc.aio.InferenceServerClient(
-                    self._endpoint.address, ssl=self._endpoint.ssl
-                )
+                client = tritonclient.grpc.aio.InferenceServerClient(endpoint.address, ssl=endpoint.ssl)
             else:
-                self._client = tritonclient.http.aio.InferenceServerClient(
-                    self._endpoint.address, conn_timeout=self._inference_timeout_s, ssl=self._endpoint.ssl
+                client = tritonclient.http.aio.InferenceServerClient(
+                    endpoint.address, conn_timeout=self._inference_timeout_s, ssl=endpoint.ssl
                 )
-        return self._client
+            self._clients[host] = client
+        return client
 
-    async def _call(self, awaitable: Awaitable[_T], timeout_s: float) -> _T:
+    def _retire(self, host: str) -> None:
+        """Stop using the connection to `host`; it is closed once its requests in flight are answered."""
+        client = self._clients.pop(host, None)
+        if client is not None:
+            self._retired.append(client)
+
+    async def _call(self, awaitable: Awaitable[_T], timeout_s: float, host: str | None = None) -> _T:
         """Await a tritonclient call within `timeout_s`, translating its failures."""
         try:
             return await asyncio.wait_for(awaitable, timeout_s)
         except (PyTritonClientError, StopAsyncIteration):
             raise
         except Exception as error:
-            self._check_open()
-            raise _protocol.translate_error(
-                error, endpoint=self._endpoint, model_name=self._model_name
-            ) from error
+            raise self._failure(error, host) from error
+
+    def _failure(self, error: Exception, host: str | None) -> PyTritonClientError:
+        """The client error for a failed call to `host` (a closed client's first)."""
+        self._check_open()
+        endpoint = dataclasses.replace(self._endpoint, host=host or self._endpoint.host)
+        return _protocol.translate_error(error, endpoint=endpoint, model_name=self._model_name)
+
+    async def _resolved(self) -> replica_sets.ReplicaSet | None:
+        """The replicas of a balanced name, looked up off the event loop the first time; None for a URL
+        used as it is."""
+        replicas = self._replicas
+        if replicas is not None and not replicas.resolved:
+            await asyncio.get_running_loop().run_in_executor(None, replicas.refresh)
+        return replicas
+
+    async def _replica(self) -> replica_sets.Replica | None:
+        """The replica for the next request of a balanced name, or None."""
+        replicas = await self._resolved()
+        if replicas is None:
+            return None
+        for host in self._clients.keys() - replicas.hosts() - {self._endpoint.host}:
+            self._retire(host)
+        return replicas.acquire()
+
+    async def _control_host(self) -> str | None:
+        """Where to ask what every replica answers alike: the URL's host, or one replica of a balanced
+        name."""
+        replicas = await self._resolved()
+        return None if replicas is None else replicas.any_host()
 
     async def _prepare(
         self, inputs: tuple[Any, ...], named_inputs: dict[str, Any], *, batch: bool
@@ -200,31 +244,61 @@ class AsyncioModelClient(BaseModelClient):
         *,
         strip_batch_axis: bool,
     ) -> dict[str, np.ndarray]:
-        client = self._connection()
-        if not self._is_grpc and time.monotonic() - self._connected_at > _protocol.HTTP_CONNECTION_MAX_AGE_S:
-            self._retired.append(client)
-            self._client = None
-            client = self._connection()
         module: Any = tritonclient.grpc if self._is_grpc else tritonclient.http
         binary = not self._is_grpc
         kwargs: dict[str, Any] = {"client_timeout": self._inference_timeout_s} if self._is_grpc else {}
-        call = client.infer(
-            config.model_name,
-            _protocol.triton_inputs(module, arrays, binary=binary),
-            model_version=self._version,
-            outputs=_protocol.requested_outputs(module, config, binary=binary),
-            request_id=_protocol.new_request_id(),
-            headers=self._headers(headers),
-            parameters=dict(parameters) if parameters else None,
-            **kwargs,
+        request_headers = self._headers(headers)
+        result = await self._balanced(
+            lambda client: client.infer(
+                config.model_name,
+                _protocol.triton_inputs(module, arrays, binary=binary),
+                model_version=self._version,
+                outputs=_protocol.requested_outputs(module, config, binary=binary),
+                request_id=_protocol.new_request_id(),
+                headers=request_headers,
+                parameters=dict(parameters) if parameters else None,
+                **kwargs,
+            )
         )
-        self._in_flight[client] = self._in_flight.get(client, 0) + 1
-        try:
-            result = await self._call(call, self._inference_timeout_s)
-        finally:
-            self._in_flight[client] -= 1
-            await self._close_idle_retired()
         return _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
+
+    async def _balanced(self, call: Callable[[Any], Awaitable[_T]]) -> _T:
+        """Await `call` on the connection to the replica expected to answer first (the URL's host when it
+        is not balanced), within `inference_timeout_s`; a replica that refuses the connection is held back
+        and the call goes to another one, since it never reached a server. An HTTP connection older than
+        HTTP_CONNECTION_MAX_AGE_S is replaced first."""
+        while True:
+            replica = await self._replica()
+            host = replica.host if replica is not None else self._endpoint.host
+            stale = time.monotonic() - self._connected_at.get(host, 0.0) > _protocol.HTTP_CONNECTION_MAX_AGE_S
+            if not self._is_grpc and stale:
+                self._retire(host)
+            client = self._connection(host)
+            self._in_flight[client] = self._in_flight.get(client, 0) + 1
+            started, latency_s, refused = time.monotonic(), None, False
+            failure: Exception | None = None
+            try:
+                result = await asyncio.wait_for(call(client), self._inference_timeout_s)
+                latency_s = time.monotonic() - started
+            except Exception as error:
+                refused = _protocol.never_sent(error)
+                failure = error
+            finally:
+                self._in_flight[client] -= 1
+                if replica is not None and self._replicas is not None:
+                    self._replicas.release(replica, latency_s=latency_s, unreachable=refused)
+                await self._close_idle_retired()
+            if failure is None:
+                return result
+            replicas = self._replicas
+            if (
+                refused
+                and replica is not None
+                and replicas is not None
+                and replicas.others_reachable(replica)
+            ):
+                continue
+            raise self._failure(failure, host) from failure
 
     async def _close_idle_retired(self) -> None:
         for client in [client for client in self._retired if not self._in_flight.get(client)]:
@@ -242,21 +316,26 @@ class AsyncioModelClient(BaseModelClient):
                 await self._wait_until_ready(self._init_timeout_s)
                 self._model_ready = True
             if self._model_config is None:
-                client = self._connection()
+                headers = self._headers()
                 if self._is_grpc:
-                    call = client.get_model_config(
-                        self._model_name, self._version, headers=self._headers(), as_json=True
+                    raw = await self._balanced(
+                        lambda client: client.get_model_config(
+                            self._model_name, self._version, headers=headers, as_json=True
+                        )
                     )
                 else:
-                    call = client.get_model_config(self._model_name, self._version, headers=self._headers())
-                raw = await self._call(call, self._inference_timeout_s)
+                    raw = await self._balanced(
+                        lambda client: client.get_model_config(
+                            self._model_name, self._version, headers=headers
+                        )
+                    )
                 self._model_config = TritonModelConfig.from_triton_json(raw, self._model_version)
             return self._model_config
 
     async def _probe(self, timeout_s: float) -> str | None:
         """None when the model is ready, otherwise what is not ready yet (server liveness, not readiness,
         as in the synchronous client)."""
-        client = self._connection()
+        client = self._connection(await self._control_host())
         headers = self._headers()
         if not await asyncio.wait_for(client.is_server_live(headers=headers), timeout_s):
             return f"Triton at {self.url} is not live"
@@ -267,7 +346,7 @@ class AsyncioModelClient(BaseModelClient):
         return None
 
     async def _model_state(self, timeout_s: float) -> tuple[str, str] | None:
-        client = self._connection()
+        client = self._connection(await self._control_host())
         if self._is_grpc:
             index = await asyncio.wait_for(
                 client.get_model_repository_index(headers=self._headers(), as_json=True), timeout_s
@@ -398,27 +477,33 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
         async def requests() -> AsyncIterator[dict[str, Any]]:
             yield request
 
-        responses = self._connection().stream_infer(requests(), headers=self._headers(headers))
+        replica = await self._replica()
+        host = replica.host if replica is not None else None
+        responses = self._connection(host).stream_infer(requests(), headers=self._headers(headers))
+        started, first_answer_s, refused = time.monotonic(), None, False
         ended = False
         try:
             while True:
                 try:
-                    result, error = await self._call(anext(responses), self._inference_timeout_s)
+                    result, error = await self._call(anext(responses), self._inference_timeout_s, host)
                 except StopAsyncIteration:
                     ended = True
                     return
                 if error is not None:
-                    failure = _protocol.translate_error(
-                        error, endpoint=self._endpoint, model_name=self._model_name
-                    )
+                    refused = _protocol.never_sent(error)
+                    failure = self._failure(error, host)
                     ended = await self._drain(responses)
                     raise failure
+                if first_answer_s is None:
+                    first_answer_s = time.monotonic() - started
                 if _protocol.has_outputs(result):
                     yield _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
         finally:
             # Cancel only a stream the server is still working on (the consumer stopped early, or a timeout).
             if not ended:
                 responses.cancel()
+            if replica is not None and self._replicas is not None:
+                self._replicas.release(replica, latency_s=first_answer_s, unreachable=refused)
 
     async def _drain(self, responses: AsyncIterator[Any]) -> bool:
         """Read what the server still sends after an error; True once it has ended the stream."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import importlib
 import queue
 import sys
@@ -23,6 +24,8 @@ from typing import Any, TypeVar
 import numpy as np
 import tritonclient.grpc
 import tritonclient.http
+from kubetriton import replicas as replica_sets
+from kubetriton.replicas import Replica, ReplicaSet
 
 from pytriton.client import _protocol, utils
 from pytriton.client._protocol import BaseModelClient
@@ -177,6 +180,11 @@ class ModelClient(BaseModelClient):
     `init_timeout_s` and then raises PyTritonClientTimeoutError naming the last failure.
 
     One client serves one thread at a time; FuturesModelClient gives each worker thread its own.
+
+    Given a name that resolves to several addresses, such as a model's `<model>-pods.<namespace>.svc`
+    on a cluster, each inference goes to the address expected to answer first, and a new address is
+    used within seconds of appearing (`kubetriton.replicas`); an address, a name with one address and
+    a TLS URL are used as they are.
     """
 
     _streaming = False
@@ -208,6 +216,14 @@ class ModelClient(BaseModelClient):
         self._close_lock = threading.Lock()
         self._closed = False
         self._transport = _Transport(self._endpoint, self._inference_timeout_s)
+        """The connection to the URL's host: readiness, configuration, model control, and inference when
+        the host is not balanced over its addresses."""
+        self._replicas = (
+            replica_sets.shared(self._endpoint.host, self._endpoint.port)
+            if _protocol.balanced(self._endpoint)
+            else None
+        )
+        self._replica_transports: dict[str, _Transport] = {}
         if not lazy_init:
             try:
                 self._initialize()
@@ -229,6 +245,9 @@ class ModelClient(BaseModelClient):
                 return
             self._closed = True
             self._transport.close()
+            for transport in self._replica_transports.values():
+                transport.close()
+            self._replica_transports.clear()
 
     @property
     def model_config(self) -> TritonModelConfig:
@@ -248,7 +267,7 @@ class ModelClient(BaseModelClient):
     def wait_for_server(self, timeout_s: float) -> None:
         """Wait until the server is live and ready; PyTritonClientTimeoutError after `timeout_s`."""
         self._check_open()
-        probe = _Transport(self._endpoint, _protocol.probe_timeout_s(timeout_s))
+        probe = _Transport(self._control_endpoint(), _protocol.probe_timeout_s(timeout_s))
         try:
             utils.wait_for_server_ready(probe.client, timeout_s, headers=self._headers())
         finally:
@@ -312,10 +331,60 @@ class ModelClient(BaseModelClient):
         *,
         strip_batch_axis: bool,
     ) -> dict[str, np.ndarray]:
-        result = self._request(
-            lambda: self._transport.infer(config, self._version, arrays, parameters, self._headers(headers))
+        result = self._balanced(
+            lambda transport: transport.infer(
+                config, self._version, arrays, parameters, self._headers(headers)
+            )
         )
         return _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
+
+    def _balanced(self, send: Callable[[_Transport], _T]) -> _T:
+        """Send a request to the replica expected to answer first; a replica that refuses the connection
+        is held back and the request goes to another one, since it never reached a server."""
+        replicas = self._replicas
+        if replicas is None:
+            return self._request(lambda: send(self._transport))
+        while True:
+            self._check_open()
+            replica = replicas.acquire()
+            transport = self._transport_to(replica.host)
+            started = time.monotonic()
+            try:
+                result = send(transport)
+            except Exception as error:
+                refused = _protocol.never_sent(error)
+                replicas.release(replica, unreachable=refused)
+                if refused and replicas.others_reachable(replica):
+                    continue
+                self._check_open()
+                raise _protocol.translate_error(
+                    error, endpoint=transport.endpoint, model_name=self._model_name
+                ) from error
+            finally:
+                self._close_departed(replicas)
+            replicas.release(replica, latency_s=time.monotonic() - started)
+            return result
+
+    def _control_endpoint(self) -> Endpoint:
+        """Where to ask what every replica answers alike: the URL, or one replica of a balanced name."""
+        if self._replicas is None:
+            return self._endpoint
+        return dataclasses.replace(self._endpoint, host=self._replicas.any_host())
+
+    def _transport_to(self, host: str) -> _Transport:
+        if host == self._endpoint.host:
+            return self._transport
+        transport = self._replica_transports.get(host)
+        if transport is None:
+            endpoint = dataclasses.replace(self._endpoint, host=host)
+            transport = self._replica_transports[host] = _Transport(endpoint, self._inference_timeout_s)
+        return transport
+
+    def _close_departed(self, replicas: ReplicaSet) -> None:
+        """Close the connections to replicas that left the name's answer: a stopping pod then sees its
+        clients go as soon as their requests are answered."""
+        for host in self._replica_transports.keys() - replicas.hosts():
+            self._replica_transports.pop(host).close()
 
     def _request(self, send: Callable[[], _T]) -> _T:
         """Send a request on the connection; its failure raises the client error for it (a closed
@@ -356,27 +425,31 @@ class ModelClient(BaseModelClient):
             return self._model_config
 
     def _read_config(self, deadline: float) -> TritonModelConfig:
+        headers = self._headers()
         try:
-            raw = self._transport.model_config(self._model_name, self._version, self._headers())
-        except Exception as error:
-            self._check_open()
-            if time.monotonic() > deadline:
+            raw = self._balanced(
+                lambda transport: transport.model_config(self._model_name, self._version, headers)
+            )
+        except PyTritonClientError as error:
+            if time.monotonic() > deadline and not isinstance(error, PyTritonClientClosedError):
                 raise PyTritonClientTimeoutError(
                     f"Reading the configuration of model {self._model_name} at {self.url} timed out: {error}"
                 ) from error
-            raise _protocol.translate_error(
-                error, endpoint=self._endpoint, model_name=self._model_name
-            ) from error
+            raise
         return TritonModelConfig.from_triton_json(raw, self._model_version)
 
     def _wait_until_ready(self, timeout_s: float) -> None:
         """Poll readiness with a short-timeout connection until ready or `timeout_s` has passed."""
         deadline = time.monotonic() + timeout_s
         last_problem = "no answer yet"
-        probe = _Transport(self._endpoint, _protocol.probe_timeout_s(timeout_s))
+        probe = _Transport(self._control_endpoint(), _protocol.probe_timeout_s(timeout_s))
         try:
             while True:
                 self._check_open()
+                endpoint = self._control_endpoint()
+                if endpoint != probe.endpoint:
+                    probe.close()
+                    probe = _Transport(endpoint, _protocol.probe_timeout_s(timeout_s))
                 try:
                     problem = probe.is_ready(self._model_name, self._version, self._headers())
                 except Exception as error:
@@ -406,11 +479,23 @@ class _Stream:
     """One streamed call over its own gRPC connection: the request is sent when the stream is opened, and
     the responses queue up until they are read."""
 
-    def __init__(self, endpoint: Endpoint, headers: dict[str, str]) -> None:
+    def __init__(
+        self, endpoint: Endpoint, headers: dict[str, str], replica: tuple[ReplicaSet, Replica] | None = None
+    ) -> None:
+        """`replica`: the replica the stream went to, released when the stream ends (its latency: the
+        wait for the first response)."""
         self.responses: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
         self.answered = False
+        self.endpoint = endpoint
+        self._replica = replica
+        self._started = time.monotonic()
+        self._first_answer_s: float | None = None
         self._client: Any = tritonclient.grpc.InferenceServerClient(endpoint.address, ssl=endpoint.ssl)
         self._client.start_stream(lambda result, error: self.responses.put((result, error)), headers=headers)
+
+    def answer_arrived(self) -> None:
+        if self._first_answer_s is None:
+            self._first_answer_s = time.monotonic() - self._started
 
     def send(
         self, config: TritonModelConfig, version: str, arrays: dict[str, np.ndarray], parameters: Any
@@ -425,13 +510,17 @@ class _Stream:
             parameters=dict(parameters) if parameters else None,
         )
 
-    def end(self) -> None:
+    def end(self, *, refused: bool = False) -> None:
         """Close the connection; once. A stream the server is still working on (the reader stopped early,
-        or a timeout) is cancelled; an answered one is closed gracefully, so the server sees a normal end."""
+        or a timeout) is cancelled; an answered one is closed gracefully, so the server sees a normal end.
+        `refused`: the replica refused the connection."""
         client, self._client = self._client, None
         if client is not None:
             client.stop_stream(cancel_requests=not self.answered)
             client.close()
+            if self._replica is not None:
+                replicas, replica = self._replica
+                replicas.release(replica, latency_s=self._first_answer_s, unreachable=refused)
 
 
 class _OpenStream(Iterator[dict[str, np.ndarray]]):
@@ -559,16 +648,20 @@ class DecoupledModelClient(ModelClient):
         parameters: Mapping[str, Any] | None,
         headers: Mapping[str, str] | None,
     ) -> _Stream:
+        replicas, endpoint, replica = self._replicas, self._endpoint, None
+        if replicas is not None:
+            replica = (replicas, replicas.acquire())
+            endpoint = dataclasses.replace(endpoint, host=replica[1].host)
         stream = None
         try:
-            stream = _Stream(self._endpoint, self._headers(headers))
+            stream = _Stream(endpoint, self._headers(headers), replica)
             stream.send(config, self._version, arrays, parameters)
         except Exception as error:
             if stream is not None:
-                stream.end()
-            raise _protocol.translate_error(
-                error, endpoint=self._endpoint, model_name=self._model_name
-            ) from error
+                stream.end(refused=_protocol.never_sent(error))
+            elif replica is not None:
+                replicas.release(replica[1], unreachable=_protocol.never_sent(error))
+            raise _protocol.translate_error(error, endpoint=endpoint, model_name=self._model_name) from error
         return stream
 
     def _responses(
@@ -585,9 +678,12 @@ class DecoupledModelClient(ModelClient):
                 self._check_open()
                 if error is not None:
                     stream.answered = True
+                    refused = _protocol.never_sent(error)
+                    stream.end(refused=refused)
                     raise _protocol.translate_error(
-                        error, endpoint=self._endpoint, model_name=self._model_name
+                        error, endpoint=stream.endpoint, model_name=self._model_name
                     )
+                stream.answer_arrived()
                 if _protocol.has_outputs(result):
                     yield _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
                 if _protocol.is_final_response(result):
@@ -597,7 +693,7 @@ class DecoupledModelClient(ModelClient):
             raise
         except Exception as error:
             raise _protocol.translate_error(
-                error, endpoint=self._endpoint, model_name=self._model_name
+                error, endpoint=stream.endpoint, model_name=self._model_name
             ) from error
         finally:
             stream.end()
