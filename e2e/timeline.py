@@ -88,17 +88,21 @@ def weighted_median(values: list[tuple[float, float]]) -> float | None:
     return None
 
 
-def queue_times(
-    previous: Mapping[str, signals.PodReading], current: Mapping[str, signals.PodReading]
-) -> tuple[float | None, float | None]:
-    """(p50, mean) of the queue time in milliseconds between two readings of the pods (see above)."""
-    per_pod = []
+def pod_waits(
+    previous: Mapping[str, signals.PodReading], current: Mapping[str, signals.PodReading], model: str
+) -> dict[str, tuple[float, float]]:
+    """Each pod's queue time (µs) and requests between two readings, for the pods read both times."""
+    found = {}
     for pod, reading in current.items():
-        waits = signals.pod_waits(previous[pod], reading, (MODEL,)) if pod in previous else None
+        waits = signals.pod_waits(previous[pod], reading, (model,)) if pod in previous else None
         if waits:
-            ((waited, served),) = waits
-            if served:
-                per_pod.append((waited / served / 1000, served))
+            (found[pod],) = waits
+    return found
+
+
+def queue_times(waits: Mapping[str, tuple[float, float]]) -> tuple[float | None, float | None]:
+    """(p50, mean) of the queue time in milliseconds from each pod's waits (see above)."""
+    per_pod = [(waited / served / 1000, served) for waited, served in waits.values() if served]
     served = sum(weight for _, weight in per_pod)
     mean = sum(value * weight for value, weight in per_pod) / served if served else None
     return weighted_median(per_pod), mean
@@ -117,6 +121,8 @@ class Sample:
     queue_mean_ms: float | None
     latency_p50_ms: float | None
     reason: str
+    served: dict[str, float] = field(default_factory=dict)
+    """Requests each Ready pod answered since the last sample."""
 
     HEADER = "     t  clients  desired  ready  queue p50  queue mean  latency p50  decision"
 
@@ -139,6 +145,7 @@ class Timeline:
     name: str
     namespace: str
     load_pod: str
+    model: str = MODEL
     started: float = 0.0
     samples: list[Sample] = field(default_factory=list)
     _readings: dict[str, signals.PodReading] = field(default_factory=dict)
@@ -166,7 +173,8 @@ class Timeline:
         autoscaling = (model.get("status") or {}).get("autoscaling") or {}
         deployment = self.cluster.apps.read_namespaced_deployment(self.name, self.namespace)
         readings = self._read_pods()
-        p50, mean = queue_times(self._readings, readings)
+        waits = pod_waits(self._readings, readings, self.model)
+        p50, mean = queue_times(waits)
         self._readings = readings
         lines = [line for line in self.demand_lines() if "clients" in line]
         last = lines[-1] if lines else {}
@@ -180,6 +188,7 @@ class Timeline:
             queue_mean_ms=mean,
             latency_p50_ms=last.get("latency_ms_p50"),
             reason=autoscaling.get("reason", ""),
+            served={pod: served for pod, (_, served) in waits.items()},
         )
         self.samples.append(sample)
         return sample
@@ -196,15 +205,24 @@ class Timeline:
 
 @contextlib.contextmanager
 def demand_pod(
-    cluster: Cluster, image: str, name: str, namespace: str, pod: str, schedule: str
+    cluster: Cluster,
+    image: str,
+    name: str,
+    namespace: str,
+    pod: str,
+    schedule: str,
+    *,
+    host: str | None = None,
+    model: str = MODEL,
 ) -> Iterator[Timeline]:
-    """`e2e/demand.py` in a Pod, following `schedule` against the model's Service; the timeline, whose
-    clock starts when the demand does."""
-    service = f"{name}.{namespace}.svc"
+    """`e2e/demand.py` in a Pod, following `schedule` against the model's Service (or `host`: the name
+    of its pods, whose clients balance each request); the timeline, whose clock starts when the demand
+    does."""
+    host = host or f"{name}.{namespace}.svc"
     source = Path(demand.__file__).read_text()
-    urls = [f"http://{service}:{podenv.HTTP_PORT}", f"grpc://{service}:{podenv.GRPC_PORT}"]
-    cluster.run_pod(pod, namespace, image, ["python", "-c", source, *urls, MODEL, schedule])
-    timeline = Timeline(cluster, name, namespace, pod)
+    urls = [f"http://{host}:{podenv.HTTP_PORT}", f"grpc://{host}:{podenv.GRPC_PORT}"]
+    cluster.run_pod(pod, namespace, image, ["python", "-c", source, *urls, model, schedule])
+    timeline = Timeline(cluster, name, namespace, pod, model=model)
     try:
         started = wait_for(
             lambda: next((line["started"] for line in timeline.demand_lines() if "started" in line), None),
