@@ -152,8 +152,10 @@ def test_clients_of_the_pods_name_spread_evenly_and_lose_nothing_as_pods_go(
         before = set(cluster.model_pods(model_name, namespace))
         cluster.apply(sleep_model(model_name, settings.worker_image, REPLICAS, edition="2"), namespace)
         wait_for(
-            lambda: cluster.settled(model_name, namespace, before, REPLICAS)
-            and not set(cluster.model_pods(model_name, namespace)) & before,
+            lambda: (
+                cluster.settled(model_name, namespace, before, REPLICAS)
+                and not set(cluster.model_pods(model_name, namespace)) & before
+            ),
             settings.ready_timeout_s,
             "every pod replaced by the edited script's",
             interval_s=2,
@@ -169,6 +171,6 @@ def test_clients_of_the_pods_name_spread_evenly_and_lose_nothing_as_pods_go(
     print(f"through the pods' name, rolled at {rolled:.0f} s, then scaled to 2: {failures}")
     assert len(spread) == REPLICAS, f"every pod served: {spread}"
     assert all(0.75 <= share <= 1.25 for share in spread.values()), spread
-    assert balanced_queue < 2.0, f"queue p50 {balanced_queue:.2f} ms (through the Service: {service_queue:.2f})"
+    assert balanced_queue < 2.0, f"queue p50 {balanced_queue:.2f} ms (Service: {service_queue:.2f} ms)"
     for protocol, counts in failures.items():
         assert counts["ok"] > 0 and counts["failed"] == 0, (protocol, counts)
