@@ -258,7 +258,8 @@ ACCESS_LINES = [
     "gRPC: grpc://lengths.default.svc:8001",
     "",
     "from pytriton.client import ModelClient",
-    'with ModelClient("grpc://lengths.default.svc:8001", "Lengths") as client:',
+    'with ModelClient("grpc://lengths-pods.default.svc:8001", "Lengths") as client:'
+    "  # each request to a free pod",
     "    result = client.infer_batch(...)  # one numpy array per input",
 ]
 
@@ -475,6 +476,8 @@ async def test_status_lists_models_and_describes_one(
         "readyReplicas": 0,
         "url": "http://lengths.default.svc:8000",
         "grpcUrl": "grpc://lengths.default.svc:8001",
+        "podsUrl": "http://lengths-pods.default.svc:8000",
+        "podsGrpcUrl": "grpc://lengths-pods.default.svc:8001",
         "conditions": [
             {"type": "Ready", "status": "False", "reason": "ImagePullBackOff", "message": problem},
             {"type": "Degraded", "status": "True", "reason": "ImagePullBackOff", "message": problem},
@@ -515,23 +518,34 @@ async def test_status_lists_models_and_describes_one(
     detail = await kubetriton(capsys, "status", "lengths")
     assert detail.code == 0
     lines = detail.out.splitlines()
-    assert lines[:8] == [
-        "Name:       lengths",
-        "Namespace:  default",
-        "Image:      python:3.13-slim",
-        f"Script:     {map_name} (serve.py)",
-        "Models:     Lengths",
-        "Replicas:   0 ready of 1",
-        "HTTP:       http://lengths.default.svc:8000",
-        "gRPC:       grpc://lengths.default.svc:8001",
+    assert lines[:9] == [
+        "Name:         lengths",
+        "Namespace:    default",
+        "Image:        python:3.13-slim",
+        f"Script:       {map_name} (serve.py)",
+        "Models:       Lengths",
+        "Replicas:     0 ready of 1",
+        "HTTP:         http://lengths.default.svc:8000",
+        "gRPC:         grpc://lengths.default.svc:8001",
+        "ModelClient:  grpc://lengths-pods.default.svc:8001 or http://lengths-pods.default.svc:8000",
     ]
     conditions = lines.index("Conditions:")
     assert lines[conditions + 1].split() == ["TYPE", "STATUS", "REASON", "MESSAGE"]
     assert lines[conditions + 2].split()[:3] == ["Ready", "False", "ImagePullBackOff"]
     assert lines[conditions + 2].endswith(problem)
     pods = lines.index("Pods:")
-    assert lines[pods + 1].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    assert lines[pods + 1].split() == [
+        "NAME",
+        "READY",
+        "STATUS",
+        "RESTARTS",
+        "AGE",
+        "REQUESTS",
+        "SHARE",
+        "QUEUE",
+    ]
     assert lines[pods + 2].split()[:4] == [pod["metadata"]["name"], "0/1", "ImagePullBackOff", "1"]
+    assert lines[pods + 2].split()[-3:] == ["-", "-", "-"], "a pod that is not Ready is not read"
 
 
 @pytest.mark.asyncio

@@ -110,6 +110,16 @@ class Cluster:
             raise model_not_found(name)
         return found
 
+    def pod_metrics(self, pod: str, port: int) -> str | None:
+        """A pod's Prometheus page on `port`, through the API server's pod proxy; None when it cannot be
+        read (the pod does not answer, or the user may not use the proxy)."""
+        try:
+            return self.core.connect_get_namespaced_pod_proxy_with_path(
+                f"{pod}:{port}", self.namespace, "metrics", _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+        except (ApiException, OSError, urllib3.exceptions.HTTPError):
+            return None
+
     def pods(self, name: str) -> list[dict[str, Any]]:
         """The model's pods, as plain dicts in the API's spelling."""
         listing = self.core.list_namespaced_pod(

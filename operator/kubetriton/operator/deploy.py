@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 from kubernetes.client.exceptions import ApiException
+from kubetriton import podenv
 from kubetriton.operator import connection, naming, rollout, script, status
 from kubetriton.operator.connection import Cluster, CommandError
 from kubetriton.operator.spec import (
@@ -339,18 +340,20 @@ def _delete_older_scripts(cluster: Cluster, name: str, current: str) -> list[str
 
 
 def addresses(model: dict[str, Any]) -> list[str]:
-    """The Service's addresses and the three lines that query the model from inside the cluster."""
+    """The Service's addresses, for any client, and the three lines that query the model from inside the
+    cluster with ModelClient, through the name of the pods (each request to a free pod)."""
     name, namespace = model["metadata"]["name"], model["metadata"]["namespace"]
     found = model.get("status") or {}
     http = found.get("url") or naming.http_url(name, namespace)
     grpc = found.get("grpcUrl") or naming.grpc_url(name, namespace)
+    pods = found.get("podsGrpcUrl") or f"grpc://{naming.pods_host(name, namespace)}:{podenv.GRPC_PORT}"
     first_model = model["spec"]["models"][0]
     return [
         f"HTTP: {http}",
         f"gRPC: {grpc}",
         "",
         "from pytriton.client import ModelClient",
-        f'with ModelClient("{grpc}", "{first_model}") as client:',
+        f'with ModelClient("{pods}", "{first_model}") as client:  # each request to a free pod',
         "    result = client.infer_batch(...)  # one numpy array per input",
     ]
 

@@ -2,7 +2,10 @@
 
 Without a name, one line per model, with the columns of `kubectl get ptm` and the Ready
 condition's reason and message, which say what a model waits for or what keeps it from serving.
-With a name, the one model in detail: what it runs, its conditions, addresses and pods.
+With a name, the one model in detail: what it runs, its conditions, addresses and pods, and for each
+Ready pod the requests its Triton answered since it started, their share of all the pods', and their
+average wait in Triton's queue (read from each pod's metrics through the API server's pod proxy), so
+that a pod that takes more than its share, or one that takes none, shows.
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from kubetriton.operator import connection, rollout, status
+from kubetriton import podenv
+from kubetriton.operator import connection, rollout, signals, status
 from kubetriton.operator.connection import Cluster, age
 from kubetriton.operator.spec import GROUP, PLURAL, VERSION
 
@@ -115,8 +120,43 @@ def pod_row(pod: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def describe(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> str:
-    """One model in detail."""
+@dataclass(frozen=True)
+class PodLoad:
+    """What one pod's Triton answered since it started, over the model's declared models."""
+
+    requests: float
+    queue_us: float
+
+
+def pod_load(page: str, models: list[str]) -> PodLoad:
+    samples = signals.parse(page, signals.QUEUE_TIME_METRICS)
+    requests, waits = samples.get(signals.REQUESTS, {}), samples.get(signals.QUEUE_DURATION, {})
+    return PodLoad(
+        requests=sum(requests.get(model, 0.0) for model in models),
+        queue_us=sum(waits.get(model, 0.0) for model in models),
+    )
+
+
+def load_columns(pods: list[Mapping[str, Any]], loads: Mapping[str, PodLoad]) -> dict[str, list[str]]:
+    """REQUESTS, SHARE and QUEUE of each pod: its requests, their share of all the pods' requests, and
+    their average wait in Triton's queue; "-" where the pod's metrics were not read."""
+    total = sum(load.requests for load in loads.values())
+    columns = {}
+    for pod in pods:
+        load = loads.get(pod["metadata"]["name"])
+        if load is None:
+            columns[pod["metadata"]["name"]] = ["-", "-", "-"]
+            continue
+        share = f"{100 * load.requests / total:.0f}%" if total else "-"
+        queue = f"{load.queue_us / load.requests / 1000:.1f}ms" if load.requests else "-"
+        columns[pod["metadata"]["name"]] = [f"{load.requests:.0f}", share, queue]
+    return columns
+
+
+def describe(
+    model: Mapping[str, Any], pods: list[dict[str, Any]], loads: Mapping[str, PodLoad] | None = None
+) -> str:
+    """One model in detail; `loads`: what each Ready pod answered, when read."""
     spec, found = model.get("spec") or {}, model.get("status") or {}
     worker = spec.get("worker") or {}
     script = worker.get("script")
@@ -129,6 +169,10 @@ def describe(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> str:
         ("Replicas", f"{found.get('readyReplicas', 0)} ready of {rollout.wanted_replicas(model)}"),
         ("HTTP", found.get("url") or "<none yet>"),
         ("gRPC", found.get("grpcUrl") or "<none yet>"),
+        (
+            "ModelClient",
+            " or ".join(filter(None, (found.get("podsGrpcUrl"), found.get("podsUrl")))) or "<none yet>",
+        ),
     ]
     width = max(len(label) for label, _ in fields) + 3
     lines = [f"{label + ':':<{width}}{value}" for label, value in fields]
@@ -144,11 +188,40 @@ def describe(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> str:
         lines.append("  <none: the operator has not reported on this model yet>")
     lines.append("Pods:")
     if pods:
-        rows = [pod_row(pod) for pod in sorted(pods, key=lambda p: p["metadata"]["name"])]
-        lines.append(table([["NAME", "READY", "STATUS", "RESTARTS", "AGE"], *rows], indent="  "))
+        ordered = sorted(pods, key=lambda p: p["metadata"]["name"])
+        header = ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+        rows = [pod_row(pod) for pod in ordered]
+        if loads is not None:
+            columns = load_columns(ordered, loads)
+            header += ["REQUESTS", "SHARE", "QUEUE"]
+            rows = [[*row, *columns[pod["metadata"]["name"]]] for row, pod in zip(rows, ordered, strict=True)]
+        lines.append(table([header, *rows], indent="  "))
+        if loads is not None:
+            lines.append(
+                "  (requests each pod's Triton answered since it started; SHARE: of all the pods';"
+                " QUEUE: their average wait)"
+            )
     else:
         lines.append("  <none>")
     return "\n".join(lines)
+
+
+def read_loads(cluster: Cluster, model: Mapping[str, Any], pods: list[dict[str, Any]]) -> dict[str, PodLoad]:
+    """What each Ready pod answered, from its Triton's metrics; a pod whose page cannot be read is left
+    out."""
+    models = (model.get("spec") or {}).get("models") or []
+    loads = {}
+    for pod in pods:
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (pod.get("status") or {}).get("conditions") or []
+        )
+        if not ready:
+            continue
+        page = cluster.pod_metrics(pod["metadata"]["name"], podenv.METRICS_PORT)
+        if page is not None:
+            loads[pod["metadata"]["name"]] = pod_load(page, models)
+    return loads
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -157,7 +230,9 @@ def _show(args: argparse.Namespace) -> int:
         return _list(cluster, args.all_namespaces)
     if args.all_namespaces:
         raise connection.CommandError("a model NAME cannot be looked up with --all-namespaces; use -n")
-    print(describe(cluster.require_model(args.name), cluster.pods(args.name)))
+    model = cluster.require_model(args.name)
+    pods = cluster.pods(args.name)
+    print(describe(model, pods, read_loads(cluster, model, pods)))
     return 0
 
 
