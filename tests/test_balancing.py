@@ -40,9 +40,14 @@ class Clock:
 
 
 def replica(
-    host: str, *, latency_s: float | None = None, in_flight: int = 0, answered_at: float = 100.0
+    host: str,
+    *,
+    latency_s: float | None = None,
+    in_flight: int = 0,
+    answered_at: float = 100.0,
+    samples: int = 10,
 ) -> Replica:
-    return Replica(host, in_flight=in_flight, latency_s=latency_s, answered_at=answered_at)
+    return Replica(host, in_flight=in_flight, latency_s=latency_s, samples=samples, answered_at=answered_at)
 
 
 @pytest.mark.parametrize(
@@ -53,6 +58,7 @@ def replica(
         ([replica("a", latency_s=0.02, in_flight=1), replica("b", latency_s=0.03)], "b"),  # 0.04 against 0.03
         ([replica("a", latency_s=0.02, in_flight=1), replica("b", latency_s=0.05)], "a"),  # 0.04 against 0.05
         ([replica("a", in_flight=1), replica("b")], "b"),  # never tried: fewer in flight first
+        ([replica("a", latency_s=0.02), replica("b", latency_s=0.09, samples=2)], "b"),  # b is still on trial
         # slow when last tried, long ago: its estimate has faded below the one in use
         (
             [
@@ -65,6 +71,14 @@ def replica(
 )
 def test_the_replica_expected_to_answer_first_takes_the_request(members: list[Replica], chosen: str) -> None:
     assert pick(members, 100.0, random.Random(0)).host == chosen
+
+
+def test_a_few_requests_go_anywhere() -> None:
+    members = [replica("fast", latency_s=0.02), replica("slow", latency_s=0.2)]
+    rng = random.Random(7)
+    chosen = Counter(pick(members, 100.0, rng).host for _ in range(10_000))
+    expected = replicas.EXPLORE_SHARE / len(members)  # a request sent anywhere goes to either
+    assert 0.5 * expected < chosen["slow"] / 10_000 < 1.5 * expected, chosen
 
 
 def test_a_replica_that_refused_is_held_back_unless_none_other_is_left() -> None:
@@ -88,23 +102,42 @@ def fixed(answers: dict[str, list[str]]) -> Callable[[str, int], list[str]]:
 
 def test_the_set_follows_the_names_answers() -> None:
     answers = {"m-pods": ["10.0.0.1", "10.0.0.2"]}
-    clock = Clock()
-    pods = ReplicaSet("m-pods", 8000, resolve=fixed(answers), clock=clock, rng=random.Random(0))
-    first = pods.acquire()
+    pods = ReplicaSet("m-pods", 8000, resolve=fixed(answers), clock=Clock(), rng=random.Random(0))
+    pods.acquire()
     assert pods.hosts() == {"10.0.0.1", "10.0.0.2"}
-    pods.release(first, latency_s=0.02)
+    for member in pods.members():
+        for latency_s in (0.5, 0.02):  # the first answer, with the connection's set-up, is left out
+            member.answered(latency_s, 100.0)
+        assert member.latency_s == 0.02
+    kept = {member.host: member for member in pods.members()}["10.0.0.2"]
+    pods.refresh()
+    assert kept.latency_s == 0.02, "no pod joined: the estimates stay"
     answers["m-pods"] = ["10.0.0.2", "10.0.0.3"]
     pods.refresh()
     assert pods.hosts() == {"10.0.0.2", "10.0.0.3"}
-    kept = {member.host: member for member in pods.members()}
-    if first.host == "10.0.0.2":
-        assert kept["10.0.0.2"] is first, "what the client knew of a replica that stays is kept"
+    assert {member.host: member for member in pods.members()}["10.0.0.2"] is kept, "a replica that stays"
+    assert all(member.latency_s is None for member in pods.members()), "a pod joined: estimates forgotten"
     answers["m-pods"] = []
     pods.refresh()
     assert pods.hosts() == {"10.0.0.2", "10.0.0.3"}, "a failed look-up changes nothing"
     answers["m-pods"] = ["10.0.0.3"]
     pods.refresh()
     assert pods.hosts() == {"m-pods"}, "one address: the name stands for itself"
+
+
+def test_an_estimate_is_the_fastest_trial_answer_then_a_moving_average() -> None:
+    member = Replica("10.0.0.1")
+    member.answered(1.0, 100.0)
+    assert member.latency_s is None, "the connection's first answer is left out"
+    for latency_s in (0.09, 0.03, 0.05):  # the model's first call was slow
+        member.answered(latency_s, 100.0)
+    assert member.latency_s == pytest.approx(0.03) and member.trusted
+    member.answered(0.13, 101.0)
+    assert member.latency_s == pytest.approx(0.03 + replicas.LATENCY_WEIGHT * 0.1)
+    assert member.answered_at == 101.0
+    member.forget()
+    member.answered(0.05, 102.0)
+    assert member.latency_s == 0.05, "after forgetting, the next answer counts alone"
 
 
 def test_a_name_that_never_resolved_stands_for_itself() -> None:

@@ -9,10 +9,14 @@ new request; what is in flight on it finishes.
 
 The rule, pure and apart from the look-ups: each replica's cost is this client's estimate of its latency
 (a moving average of its answers) times one more than the requests this client has in flight on it; the
-cheapest takes the request. A replica not tried yet costs nothing, so a new pod is tried at once; an
+cheapest takes the request, but for a few requests sent anywhere to keep every estimate current. A
+replica not tried yet costs nothing, so a new pod is tried at once (and until it has answered
+`TRIAL_ANSWERS` times); an
 estimate fades by half every `FORGET_HALF_LIFE_S` the replica goes unused, so that a replica that was
-slow once (it was queueing when tried) is tried again later instead of being avoided for good. Clients
-that share a pod see each other in their latencies and move apart; a client alone on a pod stays.
+slow once (it was queueing when tried) is tried again later instead of being avoided for good; and a
+pod that joins makes the client forget every estimate, since what it measured before the pod came
+(replicas queueing, as before a scale-up) no longer holds. Clients that share a pod see each other in
+their latencies and move apart; a client alone on a pod stays.
 
 A name that resolves to one address is used as it is (the connection is made to the name, as without
 a ReplicaSet), and so is an address, and a TLS URL (its certificate names the host, not the pods).
@@ -32,10 +36,18 @@ from dataclasses import dataclass
 REFRESH_S = 2.0
 """How often the name is looked up again: a pod that becomes Ready is tried within this of the answer
 listing it (plus the cluster DNS's own delay), and one that stops gets no new request after it."""
-LATENCY_WEIGHT = 0.3
-"""The weight of the newest answer in a replica's latency estimate."""
-FORGET_HALF_LIFE_S = 30.0
+LATENCY_WEIGHT = 0.1
+"""The weight of the newest answer in a replica's latency estimate: low enough that one slow answer
+(the node was busy) does not move a client, high enough that a pod shared with another client (every
+answer a request's time slower) does within a few requests."""
+FORGET_HALF_LIFE_S = 60.0
 """An unused replica's estimate halves every this many seconds."""
+EXPLORE_SHARE = 0.02
+"""The share of requests sent to a replica by chance, so that every estimate is brought up to date now
+and then (a pod that was slow for a while is found fast again)."""
+TRIAL_ANSWERS = 3
+"""Answers a replica gives before its estimate counts: until then it is tried as one never tried, so that
+one slow answer (a model's first call, a busy node) does not keep a pod from being used."""
 UNREACHABLE_HOLD_S = 5.0
 """A replica that refused a connection gets no request for this long, unless no other is left."""
 
@@ -50,13 +62,41 @@ class Replica:
     in_flight: int = 0
     latency_s: float | None = None
     """A moving average of its answers' latency; None until one came back."""
+    samples: int = 0
+    """The answers in `latency_s`: the fastest of the first TRIAL_ANSWERS (a slow one among them is a
+    model's first call or a busy moment more often than the pod's pace), a moving average after."""
+    connected: bool = False
+    """Whether an answer came back at all: the first carries the set-up of the connection, and is left
+    out of the estimate."""
     answered_at: float = 0.0
     unreachable_until: float = 0.0
 
+    def answered(self, latency_s: float, now: float) -> None:
+        if not self.connected:
+            self.connected = True
+            return
+        if self.latency_s is None:
+            self.latency_s = latency_s
+        elif self.samples < TRIAL_ANSWERS:
+            self.latency_s = min(self.latency_s, latency_s)
+        else:
+            self.latency_s = (1 - LATENCY_WEIGHT) * self.latency_s + LATENCY_WEIGHT * latency_s
+        self.samples += 1
+        self.answered_at = now
+
+    def forget(self) -> None:
+        self.latency_s, self.samples = None, 0
+
+    @property
+    def trusted(self) -> bool:
+        """Whether its estimate counts: it has given TRIAL_ANSWERS answers since it was last forgotten."""
+        return self.latency_s is not None and self.samples >= TRIAL_ANSWERS
+
     def cost(self, now: float, lowest_estimate: float) -> float:
         """The expected wait: the faded estimate times one more than the requests in flight. A replica
-        never tried counts the lowest estimate for each request in flight on it (nothing for the first)."""
-        if self.latency_s is None:
+        still on trial counts the lowest estimate for each request in flight on it (nothing for the
+        first)."""
+        if not self.trusted:
             return lowest_estimate * self.in_flight
         faded = self.latency_s * 0.5 ** ((now - self.answered_at) / FORGET_HALF_LIFE_S)
         return faded * (self.in_flight + 1)
@@ -64,10 +104,12 @@ class Replica:
 
 def pick(replicas: Sequence[Replica], now: float, rng: random.Random) -> Replica:
     """The replica that takes the next request: the cheapest among those not held as unreachable (all
-    of them when every one is), fewer in flight and then chance breaking ties."""
+    of them when every one is), fewer in flight and then chance breaking ties; or, for EXPLORE_SHARE of
+    the requests, any of them."""
     reachable = [replica for replica in replicas if replica.unreachable_until <= now] or list(replicas)
-    estimates = [replica.latency_s for replica in reachable if replica.latency_s is not None]
-    lowest = min(estimates, default=0.0)
+    if rng.random() < EXPLORE_SHARE:
+        return rng.choice(reachable)
+    lowest = min((replica.latency_s for replica in reachable if replica.trusted), default=0.0)
     return min(reachable, key=lambda replica: (replica.cost(now, lowest), replica.in_flight, rng.random()))
 
 
@@ -163,13 +205,7 @@ class ReplicaSet:
             if unreachable:
                 replica.unreachable_until = now + UNREACHABLE_HOLD_S
             if latency_s is not None:
-                previous = replica.latency_s
-                replica.latency_s = (
-                    latency_s
-                    if previous is None
-                    else (1 - LATENCY_WEIGHT) * previous + LATENCY_WEIGHT * latency_s
-                )
-                replica.answered_at = now
+                replica.answered(latency_s, now)
 
     def others_reachable(self, replica: Replica) -> bool:
         """Whether a request refused by `replica` may be sent to another one."""
@@ -180,9 +216,10 @@ class ReplicaSet:
             )
 
     def refresh(self) -> None:
-        """Look the name up and keep what it answers: a new address joins, a gone one leaves (requests in
-        flight on it still end through `release`). A failed look-up keeps the replicas as they were; a
-        name that resolves to one address, or never resolved, stands for itself."""
+        """Look the name up and keep what it answers: a new address joins (and every estimate is
+        forgotten), a gone one leaves (requests in flight on it still end through `release`). A failed
+        look-up keeps the replicas as they were; a name that resolves to one address, or never resolved,
+        stands for itself."""
         try:
             addresses = (self._resolve or resolve_addresses)(self.host, self._port)
         except OSError:
@@ -193,8 +230,10 @@ class ReplicaSet:
             if addresses is None and self._replicas:
                 return
             hosts = addresses if addresses and len(addresses) > 1 else [self.host]
-            kept = {host: self._replicas.get(host) or Replica(host) for host in hosts}
-            self._replicas = kept
+            if self._replicas and not set(hosts) <= self._replicas.keys():
+                for replica in self._replicas.values():
+                    replica.forget()
+            self._replicas = {host: self._replicas.get(host) or Replica(host) for host in hosts}
 
     def _refresh_in_background(self) -> None:
         with self._lock:
