@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import pytest
+import urllib3
 import yaml
 from kubernetes import client
 
@@ -407,12 +408,26 @@ def _api_server_frozen(serving: str, cluster: Cluster, settings: Settings, freez
         started = time.time()
         api_server = int((KIT / "run" / "kube-apiserver.pid").read_text())
         change_failed: list[BaseException] = []
+        change_taken: list[float] = []
 
         def change_replicas() -> None:
-            try:
-                _set_replicas(cluster, name, namespace, 2, freeze_s + 60)
-            except BaseException as error:  # said below: a change that was lost is not the operator's
-                change_failed.append(error)
+            """Send the change until the API server takes it: a connection that the thaw drops ("Remote
+            end closed connection without response") is sent again, as a user would."""
+            deadline = time.monotonic() + freeze_s + 120
+            while True:
+                try:
+                    _set_replicas(cluster, name, namespace, 2, freeze_s + 60)
+                except (urllib3.exceptions.HTTPError, OSError) as error:
+                    if time.monotonic() > deadline:
+                        change_failed.append(error)
+                        return
+                    time.sleep(1)
+                    continue
+                except BaseException as error:  # said below: a change that was lost is not the operator's
+                    change_failed.append(error)
+                    return
+                change_taken.append(time.monotonic())
+                return
 
         change = threading.Thread(target=change_replicas, daemon=True)
         os.kill(api_server, signal.SIGSTOP)
@@ -430,7 +445,8 @@ def _api_server_frozen(serving: str, cluster: Cluster, settings: Settings, freez
             f"{change_failed}; the model's spec.replicas is {model.get('spec', {}).get('replicas')}"
         )
         _wait_replicas(cluster, name, namespace, 2, 120)
-        applied_after = time.monotonic() - thawed
+        taken_after = max(change_taken[0] - thawed, 0.0)
+        applied_after = time.monotonic() - thawed - taken_after
         time.sleep(60)  # what the thaw does to the node and its endpoints shows within this
         after = _load_counts(cluster, serving, namespace)
         lines = _operator_log_lines(cluster, settings, started)
@@ -444,8 +460,9 @@ def _api_server_frozen(serving: str, cluster: Cluster, settings: Settings, freez
         for level in ("ERROR", "WARNING")
     }
     print(
-        f"{freeze_s} s freeze: requests (answered, failed) {json.dumps(counts)}; the replicas change "
-        f"reached the Deployment {applied_after:.1f} s after the thaw; operator restarts {restarts} -> "
+        f"{freeze_s} s freeze: requests (answered, failed) {json.dumps(counts)}; the replicas change, taken "
+        f"by the API server {taken_after:.1f} s after the thaw, reached the Deployment {applied_after:.1f} s "
+        f"after that; operator restarts {restarts} -> "
         f"{now_restarts}; node marked NotReady after the thaw: {node_flapped}"
     )
     print("operator log, WARNING and ERROR:\n" + "\n".join(levels["WARNING"] + levels["ERROR"]))
