@@ -520,6 +520,55 @@ def encode_tensor(
     return (name, code, array.shape, True, offset, nbytes)
 
 
+class _Adjacent:
+    """Arrays that lie one after another in memory, exposed as one read-only array through numpy's array
+    interface. The array numpy makes from it holds it as its base, and it holds the parts: so the memory
+    (an arena block each, pinned by its part) lives as long as any view of the whole."""
+
+    __slots__ = ("__array_interface__", "_parts")
+
+    def __init__(self, parts: Sequence[np.ndarray], shape: tuple[int, ...], address: int) -> None:
+        self._parts = parts
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": shape,
+            "typestr": parts[0].dtype.str,
+            "data": (address, True),
+        }
+
+
+def join_adjacent(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
+    """The arrays concatenated along their first axis without a copy, where they lie one after another in
+    memory; None where they do not.
+
+    The proxy writes the same input of every request of a batch one after another into the request arena,
+    and blocks keep their order while the arena is not fragmented, so `@batch` finds its inputs joined:
+    concatenating them would copy every byte once more, into a new array of the batch's size whose fresh
+    pages the kernel must zero and fault in, each batch. Only read-only, C-contiguous
+    numeric arrays of one dtype and one sample shape qualify (inputs are read-only, so neither the parts nor
+    the whole can change under the callable); the whole is read-only too."""
+    first = arrays[0]
+    dtype, sample_shape = first.dtype, first.shape[1:]
+    if dtype.kind not in "biuf" or first.ndim < 1:
+        return None
+    address = end = first.__array_interface__["data"][0]
+    rows = 0
+    for array in arrays:
+        flags = array.flags
+        if (
+            flags.writeable
+            or not flags.c_contiguous
+            or array.dtype != dtype
+            or array.shape[1:] != sample_shape
+        ):
+            return None
+        if array.__array_interface__["data"][0] != end:
+            return None
+        end += array.nbytes
+        rows += array.shape[0]
+    return np.asarray(_Adjacent(arrays, (rows, *sample_shape), address))
+
+
 def decode_tensor(
     descriptor: Descriptor,
     frames: Sequence[Any],
