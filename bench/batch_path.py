@@ -54,13 +54,22 @@ TAIL_SETUPS = (("2 processes", 2, 1), ("4 processes", 4, 1), ("2 instances", 1, 
 """Name, worker processes, instances per process."""
 
 NATIVE_FIRST = """
+import json
+import time
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        self.sleep_s = float(parameters.get("sleep_ms", {"string_value": "0"})["string_value"]) / 1000
+
     def execute(self, requests):
         images = [pb_utils.get_input_tensor_by_name(request, "image").as_numpy() for request in requests]
         batch = np.concatenate(images)
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
         first = batch.reshape(len(batch), -1)[:, :1]
         responses, start = [], 0
         for image in images:
@@ -71,11 +80,12 @@ class TritonPythonModel:
 """
 
 
-def native_config(name: str, max_batch: int) -> str:
+def native_config(name: str, max_batch: int, instances: int = 1, sleep_ms: float = 0.0) -> str:
     return (
         f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
         "dynamic_batching { max_queue_delay_microseconds: 0 }\n"
-        "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+        f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n"
+        f'parameters {{ key: "sleep_ms" value {{ string_value: "{sleep_ms:g}" }} }}\n'
         'input [ { name: "image" data_type: TYPE_FP16 dims: [ 3, 224, 224 ] } ]\n'
         'output [ { name: "first" data_type: TYPE_FP16 dims: [ 1 ] } ]\n'
     )
@@ -300,11 +310,9 @@ def _ready(http_port: int, model: str) -> bool:
 def compare_with_limit(rounds: int, seconds: float, clients: int) -> dict[str, list[dict[str, float]]]:
     """Alternating rounds against the limit and kubetriton; the figures of every round by side and model."""
     names = [(f"m{size}", size) for size in LIMIT_BATCHES]
-    native_ports = free_ports(3)
-    native = {name: (NATIVE_FIRST, native_config(name, size)) for name, size in names}
     figures: dict[str, list[dict[str, float]]] = {}
     with (
-        plain_triton(native, native_ports) as native_pid,
+        limit_server(names, 1, 0.0) as (native_ports, native_pid),
         kubetriton_server(names, 1, 1, 0.0) as (ours_ports, ours_pid),
     ):
         sides = {
@@ -337,16 +345,36 @@ def report_limit(figures: dict[str, list[dict[str, float]]]) -> None:
             )
 
 
+@contextlib.contextmanager
+def limit_server(
+    models: list[tuple[str, int]], instances: int, sleep_ms: float
+) -> Iterator[tuple[list[int], int]]:
+    """The in-backend model, as `kubetriton_server` serves the callable: its ports and the server's pid."""
+    ports = free_ports(3)
+    native = {name: (NATIVE_FIRST, native_config(name, size, instances, sleep_ms)) for name, size in models}
+    with plain_triton(native, ports) as pid:
+        yield ports, pid
+
+
+def tail_servers() -> Iterator[tuple[str, contextlib.AbstractContextManager]]:
+    """kubetriton in each of TAIL_SETUPS, then the limit with as many instances, serving m64 with a sleep."""
+    models = [("m64", 64)]
+    for name, processes, instances in TAIL_SETUPS:
+        yield f"kubetriton, {name}", kubetriton_server(models, processes, instances, SLEEP_MS)
+    for instances in sorted({processes * instances for _, processes, instances in TAIL_SETUPS}):
+        yield f"limit, {instances} instances", limit_server(models, instances, SLEEP_MS)
+
+
 def measure_tail(seconds: float) -> dict[str, dict[str, float]]:
     figures = {}
-    for name, processes, instances in TAIL_SETUPS:
-        with kubetriton_server([("m64", 64)], processes, instances, SLEEP_MS) as (ports, pid):
+    for name, server in tail_servers():
+        with server as (ports, pid):
             groups = process_groups(pid)
             for clients in (32, 64):
                 measured = load(ports, "m64", clients, seconds, groups)
                 measured["p99/p50"] = measured["p99 ms"] / measured["p50 ms"]
-                figures[f"{name} {clients} clients"] = measured
-                print(f"{name:>12}, {clients} clients: " + _line(measured), flush=True)
+                figures[f"{name}, {clients} clients"] = measured
+                print(f"{name:>25}, {clients} clients: " + _line(measured), flush=True)
     return figures
 
 
