@@ -32,6 +32,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -378,6 +379,113 @@ def measure_tail(seconds: float) -> dict[str, dict[str, float]]:
     return figures
 
 
+def breakdown(batch_size: int = 16, rounds: int = 300) -> dict[str, float]:
+    """Thread CPU time (µs per batch, mean over `rounds` warm rounds) of each step a batch of
+    `batch_size` images takes through kubetriton outside Triton's stub: the same functions the proxy and
+    the worker call, in one process. `concatenation` is `@batch`'s step alone, and `np.concatenate`
+    what it cost when it copied."""
+    from kubetriton.model_repository import ModelSpec
+    from kubetriton.transport import (
+        REPLY,
+        REQUEST,
+        Arena,
+        decode_message,
+        decode_tensor,
+        encode_message,
+        encode_tensor,
+        join_adjacent,
+    )
+    from kubetriton.worker import ResponseChecker
+    from pytriton.decorators import batch
+    from pytriton.model_config import ModelConfig, Tensor
+    from pytriton.proxy.types import Request
+
+    @batch
+    def first_elements(image: np.ndarray) -> dict[str, np.ndarray]:
+        return {"first": image.reshape(len(image), -1)[:, :1]}
+
+    spec = ModelSpec(
+        "m",
+        (Tensor(name="image", shape=IMAGE_SHAPE, dtype=np.float16),),
+        (Tensor(name="first", shape=(1,), dtype=np.float16),),
+        ModelConfig(max_batch_size=64),
+        1,
+    )
+    checker = ResponseChecker(spec)
+    images = [
+        np.random.default_rng(row).standard_normal((1, *IMAGE_SHAPE)).astype(np.float16)
+        for row in range(batch_size)
+    ]
+    spent: dict[str, int] = {}
+
+    def step(name: str, started: int) -> int:
+        now = time.thread_time_ns()
+        spent[name] = spent.get(name, 0) + now - started
+        return now
+
+    with contextlib.ExitStack() as stack:
+        folder = stack.enter_context(tempfile.TemporaryDirectory(dir="/dev/shm"))
+        requests_arena = Arena(f"{folder}/requests", 64 << 20, create=True)
+        responses_arena = Arena(f"{folder}/responses", 1 << 20, create=True)
+        for round_index in range(rounds + 20):
+            if round_index == 20:
+                spent.clear()
+            frames: list = []
+            allocated: list[int] = []
+            now = time.thread_time_ns()
+            entries = [
+                ([encode_tensor("image", image, frames, requests_arena, allocated)], "", None)
+                for image in images
+            ]
+            now = step("proxy: inputs into the arena", now)
+            header = encode_message(REQUEST, 1, entries)
+            now = step("proxy: request header", now)
+            message = decode_message(memoryview(header))
+            now = step("worker: request header", now)
+            released: list[int] = []
+            requests = [
+                Request(
+                    {d[0]: decode_tensor(d, frames, requests_arena, released.append) for d in descriptors},
+                    {},
+                    None,
+                )
+                for descriptors, _, _ in message.entries
+            ]
+            now = step("worker: inputs as arrays", now)
+            parts = [request["image"] for request in requests]
+            joined = join_adjacent(parts)
+            now = step("@batch: concatenation", now)
+            copied = np.concatenate(parts)
+            now = step("np.concatenate (a copy)", now)
+            del joined, copied, parts
+            now = time.thread_time_ns()
+            result = first_elements(requests)
+            now = step("@batch, the callable and the split", now)
+            responses = checker.check(result, [1] * batch_size, requests)
+            now = step("worker: response check", now)
+            out_frames: list = []
+            out_allocated: list[int] = []
+            reply = [
+                [encode_tensor(n, a, out_frames, responses_arena, out_allocated) for n, a in r.items()]
+                for r in responses
+            ]
+            reply_header = encode_message(REPLY, 1, reply, released)
+            now = step("worker: responses and reply header", now)
+            del result, responses, requests
+            now = time.thread_time_ns()
+            answer = decode_message(memoryview(reply_header))
+            outputs = [
+                [decode_tensor(d, out_frames, responses_arena) for d in entry] for entry in answer.entries
+            ]
+            now = step("proxy: reply header and outputs", now)
+            for offset in allocated:
+                requests_arena.free(offset)
+            del outputs
+        requests_arena.close(unlink=True)
+        responses_arena.close(unlink=True)
+    return {name: total / rounds / 1000 for name, total in spent.items()}
+
+
 def main() -> int:
     if sys.argv[1:2] == ["serve"]:
         models, instances, sleep_ms, *ports = sys.argv[2:]
@@ -391,7 +499,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", choices=["limit", "tail"], nargs="?", default="limit")
+    parser.add_argument("what", choices=["limit", "tail", "breakdown"], nargs="?", default="limit")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--clients", type=int, default=32, help="closed-loop clients of `limit`")
@@ -404,8 +512,12 @@ def main() -> int:
     if args.what == "limit":
         figures: dict = compare_with_limit(args.rounds, args.seconds, args.clients)
         report_limit(figures)
-    else:
+    elif args.what == "tail":
         figures = measure_tail(args.seconds)
+    else:
+        figures = breakdown()
+        for name, microseconds in figures.items():
+            print(f"{name:<40}{microseconds:>10.1f} µs per batch of 16")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
