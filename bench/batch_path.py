@@ -92,11 +92,14 @@ def native_config(name: str, max_batch: int, instances: int = 1, sleep_ms: float
     )
 
 
-def serve(models: list[tuple[str, int]], instances: int, sleep_ms: float, ports: list[int]) -> None:
+def serve(
+    models: list[tuple[str, int]], instances: int, sleep_ms: float, queue_delay_us: int, ports: list[int]
+) -> None:
     """Run as the worker (`python batch_path.py serve ...`, or under `kubetriton run`): bind each
-    (name, max_batch_size) model with `instances` callables, kubetriton's defaults otherwise, and serve."""
+    (name, max_batch_size) model with `instances` callables, the dynamic batcher's queue delay, and
+    kubetriton's defaults otherwise, and serve."""
     from pytriton.decorators import batch
-    from pytriton.model_config import ModelConfig, Tensor
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
     @batch
@@ -114,7 +117,10 @@ def serve(models: list[tuple[str, int]], instances: int, sleep_ms: float, ports:
                 [first_elements] * instances,
                 [Tensor(name="image", shape=IMAGE_SHAPE, dtype=np.float16)],
                 [Tensor(name="first", shape=(1,), dtype=np.float16)],
-                config=ModelConfig(max_batch_size=max_batch),
+                config=ModelConfig(
+                    max_batch_size=max_batch,
+                    batcher=DynamicBatcher(max_queue_delay_microseconds=queue_delay_us),
+                ),
             )
         triton.serve()
 
@@ -254,6 +260,8 @@ def load(
     errors = [error for _, errors in gathered for error in errors]
     if errors:
         raise RuntimeError(f"{len(errors)} failed requests, the first: {errors[0]}")
+    if not latencies:
+        raise RuntimeError(f"no request finished within the {seconds:g} s window: is the machine overloaded?")
     requests, batches, compute_ns = (
         after - before for after, before in zip(stats_after, stats_before, strict=True)
     )
@@ -274,12 +282,13 @@ def load(
 
 @contextlib.contextmanager
 def kubetriton_server(
-    models: list[tuple[str, int]], processes: int, instances: int, sleep_ms: float
+    models: list[tuple[str, int]], processes: int, instances: int, sleep_ms: float, queue_delay_us: int = 0
 ) -> Iterator[tuple[list[int], int]]:
     """kubetriton serving `models`, as one script (`python batch_path.py serve`) or under `kubetriton run
     --processes`; yields its ports and the pid at the root of its processes."""
     ports = free_ports(3)
-    arguments = [__file__, "serve", json.dumps(models), str(instances), str(sleep_ms), *map(str, ports)]
+    arguments = [__file__, "serve", json.dumps(models), str(instances), str(sleep_ms), str(queue_delay_us)]
+    arguments += map(str, ports)
     if processes > 1:
         arguments = ["-m", "kubetriton.cli", "run", "--processes", str(processes), *arguments]
     server = subprocess.Popen(
@@ -376,6 +385,25 @@ def measure_tail(seconds: float) -> dict[str, dict[str, float]]:
                 measured["p99/p50"] = measured["p99 ms"] / measured["p50 ms"]
                 figures[f"{name}, {clients} clients"] = measured
                 print(f"{name:>25}, {clients} clients: " + _line(measured), flush=True)
+    return figures
+
+
+BATCHER_QUEUE_DELAYS_US = (0, 2000, 5000)
+BATCHER_PROCESSES = (1, 2, 4)
+
+
+def measure_batcher(seconds: float, clients: int) -> dict[str, dict[str, float]]:
+    """kubetriton with 1, 2 and 4 worker processes at `clients` clients, the callable sleeping SLEEP_MS (a
+    fixed cost per batch, as a GPU's), for each dynamic batcher queue delay: what the delay buys in batch
+    size and req/s, and costs in latency."""
+    figures = {}
+    for processes in BATCHER_PROCESSES:
+        for delay_us in BATCHER_QUEUE_DELAYS_US if processes > 1 else (0,):
+            with kubetriton_server([("m64", 64)], processes, 1, SLEEP_MS, delay_us) as (ports, pid):
+                measured = load(ports, "m64", clients, seconds, process_groups(pid))
+            name = f"{processes} processes, queue delay {delay_us} us, {clients} clients"
+            figures[name] = measured
+            print(f"{name}: " + _line(measured), flush=True)
     return figures
 
 
@@ -488,21 +516,24 @@ def breakdown(batch_size: int = 16, rounds: int = 300) -> dict[str, float]:
 
 def main() -> int:
     if sys.argv[1:2] == ["serve"]:
-        models, instances, sleep_ms, *ports = sys.argv[2:]
+        models, instances, sleep_ms, queue_delay_us, *ports = sys.argv[2:]
         serve(
             [tuple(model) for model in json.loads(models)],
             int(instances),
             float(sleep_ms),
+            int(queue_delay_us),
             [int(port) for port in ports],
         )
         return 0
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", choices=["limit", "tail", "breakdown"], nargs="?", default="limit")
+    parser.add_argument("what", choices=["limit", "tail", "batcher", "breakdown"], nargs="?", default="limit")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--clients", type=int, default=32, help="closed-loop clients of `limit`")
+    parser.add_argument(
+        "--clients", type=int, default=32, help="closed-loop clients of `limit` and `batcher`"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     print(
@@ -514,6 +545,8 @@ def main() -> int:
         report_limit(figures)
     elif args.what == "tail":
         figures = measure_tail(args.seconds)
+    elif args.what == "batcher":
+        figures = measure_batcher(args.seconds, args.clients)
     else:
         figures = breakdown()
         for name, microseconds in figures.items():
