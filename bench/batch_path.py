@@ -93,7 +93,12 @@ def native_config(name: str, max_batch: int, instances: int = 1, sleep_ms: float
 
 
 def serve(
-    models: list[tuple[str, int]], instances: int, sleep_ms: float, queue_delay_us: int, ports: list[int]
+    models: list[tuple[str, int]],
+    instances: int,
+    sleep_ms: float,
+    queue_delay_us: int,
+    trace: str,
+    ports: list[int],
 ) -> None:
     """Run as the worker (`python batch_path.py serve ...`, or under `kubetriton run`): bind each
     (name, max_batch_size) model with `instances` callables, the dynamic batcher's queue delay, and
@@ -109,7 +114,9 @@ def serve(
         return {"first": image.reshape(len(image), -1)[:, :1]}
 
     http, grpc, metrics = ports
-    config = TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics)
+    config = TritonConfig(
+        http_port=http, grpc_port=grpc, metrics_port=metrics, trace_config=trace_config(trace) or None
+    )
     with Triton(config=config, security_config=TritonSecurityConfig(access_token=ACCESS_TOKEN)) as triton:
         for name, max_batch in models:
             triton.bind(
@@ -282,13 +289,19 @@ def load(
 
 @contextlib.contextmanager
 def kubetriton_server(
-    models: list[tuple[str, int]], processes: int, instances: int, sleep_ms: float, queue_delay_us: int = 0
+    models: list[tuple[str, int]],
+    processes: int,
+    instances: int,
+    sleep_ms: float,
+    queue_delay_us: int = 0,
+    trace: str = "",
 ) -> Iterator[tuple[list[int], int]]:
     """kubetriton serving `models`, as one script (`python batch_path.py serve`) or under `kubetriton run
-    --processes`; yields its ports and the pid at the root of its processes."""
+    --processes`, writing Triton's trace to the file `trace` if named; yields its ports and the pid at the
+    root of its processes."""
     ports = free_ports(3)
     arguments = [__file__, "serve", json.dumps(models), str(instances), str(sleep_ms), str(queue_delay_us)]
-    arguments += map(str, ports)
+    arguments += [trace or "-", *map(str, ports)]
     if processes > 1:
         arguments = ["-m", "kubetriton.cli", "run", "--processes", str(processes), *arguments]
     server = subprocess.Popen(
@@ -357,35 +370,92 @@ def report_limit(figures: dict[str, list[dict[str, float]]]) -> None:
 
 @contextlib.contextmanager
 def limit_server(
-    models: list[tuple[str, int]], instances: int, sleep_ms: float
+    models: list[tuple[str, int]], instances: int, sleep_ms: float, trace: str = ""
 ) -> Iterator[tuple[list[int], int]]:
     """The in-backend model, as `kubetriton_server` serves the callable: its ports and the server's pid."""
     ports = free_ports(3)
     native = {name: (NATIVE_FIRST, native_config(name, size, instances, sleep_ms)) for name, size in models}
-    with plain_triton(native, ports) as pid:
+    extra_args = [f"--trace-config={entry}" for entry in trace_config(trace)]
+    with plain_triton(native, ports, extra_args) as pid:
         yield ports, pid
 
 
-def tail_servers() -> Iterator[tuple[str, contextlib.AbstractContextManager]]:
-    """kubetriton in each of TAIL_SETUPS, then the limit with as many instances, serving m64 with a sleep."""
+def tail_servers(trace: str) -> Iterator[tuple[str, contextlib.AbstractContextManager]]:
+    """kubetriton in each of TAIL_SETUPS, then the limit with as many instances, serving m64 with a sleep;
+    each writes Triton's trace to the file `trace` if named."""
     models = [("m64", 64)]
     for name, processes, instances in TAIL_SETUPS:
-        yield f"kubetriton, {name}", kubetriton_server(models, processes, instances, SLEEP_MS)
+        yield f"kubetriton, {name}", kubetriton_server(models, processes, instances, SLEEP_MS, 0, trace)
     for instances in sorted({processes * instances for _, processes, instances in TAIL_SETUPS}):
-        yield f"limit, {instances} instances", limit_server(models, instances, SLEEP_MS)
+        yield f"limit, {instances} instances", limit_server(models, instances, SLEEP_MS, trace)
 
 
-def measure_tail(seconds: float) -> dict[str, dict[str, float]]:
+def measure_tail(seconds: float, trace: bool) -> dict[str, dict[str, float]]:
+    """Each setup at 32 and 64 clients; with `trace`, also where each request's time went inside Triton."""
     figures = {}
-    for name, server in tail_servers():
-        with server as (ports, pid):
-            groups = process_groups(pid)
-            for clients in (32, 64):
-                measured = load(ports, "m64", clients, seconds, groups)
-                measured["p99/p50"] = measured["p99 ms"] / measured["p50 ms"]
-                figures[f"{name}, {clients} clients"] = measured
-                print(f"{name:>25}, {clients} clients: " + _line(measured), flush=True)
+    with tempfile.TemporaryDirectory(prefix="kubetriton-bench-trace-") as folder:
+        trace_file = f"{folder}/trace.json" if trace else ""
+        for name, server in tail_servers(trace_file):
+            windows = {}
+            with server as (ports, pid):
+                groups = process_groups(pid)
+                for clients in (32, 64):
+                    windows[clients] = time.monotonic_ns()
+                    measured = load(ports, "m64", clients, seconds, groups)
+                    measured["p99/p50"] = measured["p99 ms"] / measured["p50 ms"]
+                    figures[f"{name}, {clients} clients"] = measured
+                    print(f"{name:>25}, {clients} clients: " + _line(measured), flush=True)
+            if trace:  # Triton writes its trace as it stops
+                for clients, phases in trace_phases(trace_file, windows, seconds).items():
+                    figures[f"{name}, {clients} clients"].update(phases)
+                    print(f"{name:>25}, {clients} clients, inside Triton: " + _line(phases), flush=True)
+                os.unlink(trace_file)
     return figures
+
+
+TRACE_PHASES = {
+    "queue": ("QUEUE_START", "COMPUTE_START"),
+    "compute": ("COMPUTE_START", "COMPUTE_END"),
+    "way out": ("COMPUTE_END", "GRPC_SEND_END"),
+    "in Triton": ("GRPC_WAITREAD_END", "GRPC_SEND_END"),
+}
+"""Phases of a request inside Triton, between two of the timestamps of its trace: waiting in the batcher's
+queue, the model's `execute` (for kubetriton the proxy, the hop, the worker and the callable), and sending
+the response; and everything from the moment its gRPC request was read."""
+
+
+def trace_config(trace: str) -> list[str]:
+    """Triton's --trace-config entries that write every request's timestamps to the file `trace`."""
+    if not trace:
+        return []
+    return ["mode=triton", f"triton,file={trace}", "level=TIMESTAMPS", "rate=1", "triton,log-frequency=0"]
+
+
+def trace_phases(trace: str, windows: dict[int, int], seconds: float) -> dict[int, dict[str, float]]:
+    """p50 and p99 (ms) of each of TRACE_PHASES, over the requests of each measured window; `windows` maps
+    each load's clients to the monotonic time (ns) at which its client processes were started."""
+    with open(trace) as file:
+        timestamps: dict[int, dict[str, int]] = {}
+        for entry in json.load(file):
+            for stamp in entry.get("timestamps", ()):
+                timestamps.setdefault(entry["id"], {})[stamp["name"]] = stamp["ns"]
+    phases: dict[int, dict[str, float]] = {}
+    for clients, started in windows.items():
+        begin = started + int((1.0 + WARMUP_S) * 1e9)
+        end = begin + int(seconds * 1e9)
+        requests = [
+            stamps
+            for stamps in timestamps.values()
+            if "GRPC_SEND_END" in stamps
+            and "COMPUTE_START" in stamps
+            and begin <= stamps["GRPC_SEND_END"] < end
+        ]
+        phases[clients] = {}
+        for phase, (first, last) in TRACE_PHASES.items():
+            spans = sorted(stamps[last] - stamps[first] for stamps in requests)
+            for label, quantile in (("p50", 0.5), ("p99", 0.99)):
+                phases[clients][f"{phase} {label} ms"] = spans[int(len(spans) * quantile)] / 1e6
+    return phases
 
 
 BATCHER_QUEUE_DELAYS_US = (0, 2000, 5000)
@@ -516,12 +586,13 @@ def breakdown(batch_size: int = 16, rounds: int = 300) -> dict[str, float]:
 
 def main() -> int:
     if sys.argv[1:2] == ["serve"]:
-        models, instances, sleep_ms, queue_delay_us, *ports = sys.argv[2:]
+        models, instances, sleep_ms, queue_delay_us, trace, *ports = sys.argv[2:]
         serve(
             [tuple(model) for model in json.loads(models)],
             int(instances),
             float(sleep_ms),
             int(queue_delay_us),
+            "" if trace == "-" else trace,
             [int(port) for port in ports],
         )
         return 0
@@ -535,6 +606,9 @@ def main() -> int:
         "--clients", type=int, default=32, help="closed-loop clients of `limit` and `batcher`"
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--trace", action="store_true", help="tail: where each request's time went inside Triton (its trace)"
+    )
     args = parser.parse_args()
     print(
         f"{os.cpu_count()} CPUs, {CLIENT_PROCESSES} client processes, "
@@ -544,7 +618,7 @@ def main() -> int:
         figures: dict = compare_with_limit(args.rounds, args.seconds, args.clients)
         report_limit(figures)
     elif args.what == "tail":
-        figures = measure_tail(args.seconds)
+        figures = measure_tail(args.seconds, args.trace)
     elif args.what == "batcher":
         figures = measure_batcher(args.seconds, args.clients)
     else:

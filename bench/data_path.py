@@ -252,10 +252,12 @@ def concurrent_throughput(model: str, module, port: int, seconds: float, clients
 
 @contextlib.contextmanager
 def plain_triton(
-    models: dict[str, tuple[str, str]], ports: tuple[int, int, int] | list[int] = (HTTP, GRPC, METRICS)
+    models: dict[str, tuple[str, str]],
+    ports: tuple[int, int, int] | list[int] = (HTTP, GRPC, METRICS),
+    extra_args: list[str] | None = None,
 ) -> Iterator[int]:
     """A tritonserver on `ports` (HTTP, gRPC, metrics; the benchmark's by default) serving plain
-    Python-backend models, given as {name: (model.py, config.pbtxt)}; yields its pid."""
+    Python-backend models, given as {name: (model.py, config.pbtxt)}, with `extra_args`; yields its pid."""
     http, grpc, metrics = ports
     with tempfile.TemporaryDirectory(prefix="kubetriton-bench-") as workspace:
         repository = Path(workspace) / "models"
@@ -275,7 +277,7 @@ def plain_triton(
             metrics_port=metrics,
             exit_timeout_s=5,
             log_verbose=0,
-            extra_args=[],
+            extra_args=extra_args or [],
         )
         server.start()
         try:
