@@ -178,6 +178,36 @@ def test_inputs_that_do_not_lie_one_after_another_are_not_joined():
         assert join_adjacent(parts) is None
 
 
+FREED_BATCH = """
+import numpy as np
+from kubetriton.transport import keep_freed_memory
+
+def resident():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+if {keep}:
+    keep_freed_memory()
+for _ in range(3):
+    images = [np.ones(3 * 224 * 224 * 2, np.uint8) for _ in range(16)]
+    before = resident()
+    del images
+print(before - resident())
+"""
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_proxys_process_keeps_a_freed_batch_for_the_next(keep):
+    """What the proxy's process does with the memory of a batch of 16 images once it is freed: glibc on
+    its own returns it to the kernel each time (the next batch faults it in again); after
+    `keep_freed_memory` the process keeps it."""
+    returned = subprocess.run(
+        [sys.executable, "-c", FREED_BATCH.format(keep=keep)], capture_output=True, text=True, check=True
+    )
+    batch_bytes = 16 * 3 * 224 * 224 * 2
+    assert int(returned.stdout) == 0 if keep else int(returned.stdout) >= batch_bytes // 2
+
+
 def test_strings_keep_every_byte_and_their_shape():
     """Trailing NULs, empty elements, bytes-like elements, str as UTF-8, and a list where one object
     appears twice (which `marshal` writes as a reference)."""

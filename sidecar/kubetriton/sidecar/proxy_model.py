@@ -58,6 +58,7 @@ from kubetriton.transport import (
     decode_tensor,
     encode_message,
     encode_tensor,
+    keep_freed_memory,
 )
 
 CANCEL_CHECK_S = 0.1
@@ -96,6 +97,7 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         check_stub_reads_numpy()
+        keep_freed_memory()
         config = json.loads(args["model_config"])
         parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         instance = args["model_instance_name"].rsplit("_", 1)[-1]
