@@ -174,6 +174,7 @@ def test_inputs_that_do_not_lie_one_after_another_are_not_joined():
         [memory[:2], read_only(memory[2:4].view(np.int32))],  # another dtype
         [memory[:2], read_only(memory[2:4].reshape(4, 2))],  # another sample shape
         [read_only(np.array([b"a", b"b"], dtype=object))],  # not numbers
+        [np.frombuffer(bytes(68), np.float64, 2, offset) for offset in (4, 20)],  # not aligned
     ):
         assert join_adjacent(parts) is None
 

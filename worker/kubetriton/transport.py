@@ -574,12 +574,13 @@ def join_adjacent(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
     The proxy writes the same input of every request of a batch one after another into the request arena,
     and blocks keep their order while the arena is not fragmented, so `@batch` finds its inputs joined:
     concatenating them would copy every byte once more, into a new array of the batch's size whose fresh
-    pages the kernel must zero and fault in, each batch. Only read-only, C-contiguous
-    numeric arrays of one dtype and one sample shape qualify (inputs are read-only, so neither the parts nor
-    the whole can change under the callable); the whole is read-only too."""
+    pages the kernel must zero and fault in, each batch. Only read-only, C-contiguous numeric arrays of one
+    dtype and one sample shape qualify (inputs are read-only, so neither the parts nor the whole can change
+    under the callable), the first aligned for its dtype as a copy would be (so is every part after it);
+    the whole is read-only too."""
     first = arrays[0]
     dtype, sample_shape = first.dtype, first.shape[1:]
-    if dtype.kind not in "biuf" or first.ndim < 1:
+    if dtype.kind not in "biuf" or first.ndim < 1 or not first.flags.aligned:
         return None
     address = end = first.__array_interface__["data"][0]
     rows = 0
