@@ -251,9 +251,14 @@ def concurrent_throughput(model: str, module, port: int, seconds: float, clients
 
 
 @contextlib.contextmanager
-def plain_triton(models: dict[str, tuple[str, str]]) -> Iterator[None]:
-    """A tritonserver on the benchmark ports serving plain Python-backend models, given as
-    {name: (model.py, config.pbtxt)}."""
+def plain_triton(
+    models: dict[str, tuple[str, str]],
+    ports: tuple[int, int, int] | list[int] = (HTTP, GRPC, METRICS),
+    extra_args: list[str] | None = None,
+) -> Iterator[int]:
+    """A tritonserver on `ports` (HTTP, gRPC, metrics; the benchmark's by default) serving plain
+    Python-backend models, given as {name: (model.py, config.pbtxt)}, with `extra_args`; yields its pid."""
+    http, grpc, metrics = ports
     with tempfile.TemporaryDirectory(prefix="kubetriton-bench-") as workspace:
         repository = Path(workspace) / "models"
         for name, (source, config) in models.items():
@@ -267,20 +272,20 @@ def plain_triton(models: dict[str, tuple[str, str]]) -> Iterator[None]:
             repository_token=token,
             shm_prefix=f"/dev/shm/kubetriton-bench-{secrets.token_hex(4)}",
             log_path=Path(workspace) / "tritonserver.log",
-            http_port=HTTP,
-            grpc_port=GRPC,
-            metrics_port=METRICS,
+            http_port=http,
+            grpc_port=grpc,
+            metrics_port=metrics,
             exit_timeout_s=5,
             log_verbose=0,
-            extra_args=[],
+            extra_args=extra_args or [],
         )
         server.start()
         try:
-            control = httpclient.InferenceServerClient(f"localhost:{HTTP}")
+            control = httpclient.InferenceServerClient(f"localhost:{http}")
             for name in models:
                 control.load_model(name, headers={REPOSITORY_TOKEN_HEADER: token})
             control.close()
-            yield
+            yield next(pid for pid in _children(os.getpid()) if _program(pid) == "tritonserver")
         finally:
             server.stop()
 

@@ -107,6 +107,27 @@ def test_batch_hands_a_single_request_through_without_copying() -> None:
     assert response["y"] is only["x"]
 
 
+def test_batch_joins_inputs_that_lie_one_after_another_without_copying() -> None:
+    """As the images of a batch lie in the arena: `@batch` sees them as one array over the same memory."""
+    memory = frozen(np.arange(12, dtype=np.float16).reshape(6, 2))
+    seen: dict[str, np.ndarray] = {}
+
+    @batch
+    def identity(x: np.ndarray) -> dict[str, np.ndarray]:
+        seen["x"] = x
+        return {"y": x * 2}
+
+    requests = [
+        Request(data={"x": memory[:1]}, parameters={}),
+        Request(data={"x": memory[1:4]}, parameters={}),
+    ]
+    responses = identity(requests)
+    assert np.shares_memory(seen["x"], memory) and np.array_equal(seen["x"], memory[:4])
+    assert [response["y"].tolist() for response in responses] == [[[0, 2]], [[4, 6], [8, 10], [12, 14]]]
+    scattered = identity([requests[0], Request(data={"x": memory[5:]}, parameters={})])
+    assert not np.shares_memory(seen["x"], memory) and scattered[1]["y"].tolist() == [[20, 22]]
+
+
 def test_batch_inputs_are_read_only_whatever_the_batch() -> None:
     @batch
     def writes(x: np.ndarray) -> dict[str, np.ndarray]:

@@ -34,6 +34,7 @@ from kubetriton.transport import (
     deserialize_bytes,
     encode_message,
     encode_tensor,
+    join_adjacent,
     serialize_bytes,
 )
 from kubetriton.worker import DEFAULT_BUSY_POLL_US, ENV_BUSY_POLL_US, TransportSettings, busy_poll_us
@@ -135,6 +136,77 @@ def test_a_request_header_carries_its_batch(tmp_path):
             assert decoded.dtype == array.dtype and np.array_equal(decoded, array)
     assert second == first[:1]
     arena.close(unlink=True)
+
+
+def test_inputs_that_lie_one_after_another_in_an_arena_join_without_a_copy(tmp_path):
+    """What `@batch` gets for a batch's images: one array over their arena blocks, equal to their
+    concatenation, read-only, and pinning every block until the last view of it is gone."""
+    arena = Arena(str(tmp_path / "requests"), 1024 * 1024, create=True)
+    frames: list = []
+    allocated: list[int] = []
+    images = [np.full((rows, 3, 8, 8), rows, np.float16) for rows in (1, 2, 1)]
+    descriptors = [encode_tensor("image", image, frames, arena, allocated, 0) for image in images]
+    released: list[int] = []
+    parts = [decode_tensor(descriptor, frames, arena, released.append) for descriptor in descriptors]
+    joined = join_adjacent(parts)
+    assert joined is not None and np.array_equal(joined, np.concatenate(images))
+    assert np.shares_memory(joined, arena.buffer) and not joined.flags.writeable
+    rows = joined[1:3]
+    del parts, joined
+    assert released == []  # a view of the whole keeps every block
+    del rows
+    assert sorted(released) == sorted(allocated)
+    arena.close(unlink=True)
+
+
+def test_inputs_that_do_not_lie_one_after_another_are_not_joined():
+    def read_only(array: np.ndarray) -> np.ndarray:
+        array.flags.writeable = False
+        return array
+
+    memory = read_only(np.arange(24, dtype=np.float32).reshape(6, 4))
+    assert np.shares_memory(join_adjacent([memory[:2], memory[2:5]]), memory)
+    for parts in (
+        [memory[:2], memory[3:5]],  # a gap between them
+        [memory[2:4], memory[:2]],  # out of order
+        [memory[:2, :2], memory[2:4, :2]],  # not contiguous
+        [np.ones((2, 4), np.float32), np.ones((2, 4), np.float32)],  # writable
+        [memory[:2], read_only(memory[2:4].view(np.int32))],  # another dtype
+        [memory[:2], read_only(memory[2:4].reshape(4, 2))],  # another sample shape
+        [read_only(np.array([b"a", b"b"], dtype=object))],  # not numbers
+        [np.frombuffer(bytes(68), np.float64, 2, offset) for offset in (4, 20)],  # not aligned
+    ):
+        assert join_adjacent(parts) is None
+
+
+FREED_BATCH = """
+import numpy as np
+from kubetriton.transport import keep_freed_memory
+
+def resident():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+if {keep}:
+    keep_freed_memory()
+for _ in range(3):
+    images = [np.ones(3 * 224 * 224 * 2, np.uint8) for _ in range(16)]
+    before = resident()
+    del images
+print(before - resident())
+"""
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_proxys_process_keeps_a_freed_batch_for_the_next(keep):
+    """What the proxy's process does with the memory of a batch of 16 images once it is freed: glibc on
+    its own returns it to the kernel each time (the next batch faults it in again); after
+    `keep_freed_memory` the process keeps it."""
+    returned = subprocess.run(
+        [sys.executable, "-c", FREED_BATCH.format(keep=keep)], capture_output=True, text=True, check=True
+    )
+    batch_bytes = 16 * 3 * 224 * 224 * 2
+    assert int(returned.stdout) == 0 if keep else int(returned.stdout) >= batch_bytes // 2
 
 
 def test_strings_keep_every_byte_and_their_shape():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import ctypes
 import marshal
 import math
 import mmap
@@ -272,6 +273,35 @@ def _quota_cpus(cgroup: str) -> float:
     if quota in ("max", "-1") or not (quota.isdigit() and period.isdigit()) or not int(period):
         return math.inf
     return int(quota) / int(period)
+
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+"""glibc's `mallopt` parameters (malloc.h)."""
+MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
+"""Blocks up to this size come from the heap: the most that glibc's own adjustment ever raises it to."""
+TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES
+"""Free memory at the top of the heap that the process keeps instead of returning it to the kernel: twice
+the mmap threshold, the ratio glibc keeps when it adjusts both itself."""
+
+
+def keep_freed_memory() -> None:
+    """Keep the memory of one batch for the next instead of returning it to the kernel after each; the
+    proxy's process calls it as it starts.
+
+    A batch of large inputs passes through this process in blocks of hundreds of kilobytes, freed together
+    when `execute` returns. glibc starts with blocks over 128 KiB in their own mappings and adjusts as
+    they are freed, but it returns free memory at the top of the heap to the kernel once it exceeds twice
+    the largest block freed so far, so every batch of several such blocks was given back, and the next one
+    faulted its pages in again, zeroed: with batches of 301 KB images the stub spent 39 % of its CPU time
+    in those page faults (`bench/RESULTS.md`). Fixed thresholds keep up to one large batch's memory. Only
+    glibc has `mallopt`; elsewhere nothing changes."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
 
 
 class Hop:
@@ -518,6 +548,56 @@ def encode_tensor(
     else:
         np.copyto(target.view(array.dtype).reshape(array.shape), array)
     return (name, code, array.shape, True, offset, nbytes)
+
+
+class _Adjacent:
+    """Arrays that lie one after another in memory, exposed as one read-only array through numpy's array
+    interface. The array numpy makes from it holds it as its base, and it holds the parts: so the memory
+    (an arena block each, pinned by its part) lives as long as any view of the whole."""
+
+    __slots__ = ("__array_interface__", "_parts")
+
+    def __init__(self, parts: Sequence[np.ndarray], shape: tuple[int, ...], address: int) -> None:
+        self._parts = parts
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": shape,
+            "typestr": parts[0].dtype.str,
+            "data": (address, True),
+        }
+
+
+def join_adjacent(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
+    """The arrays concatenated along their first axis without a copy, where they lie one after another in
+    memory; None where they do not.
+
+    The proxy writes the same input of every request of a batch one after another into the request arena,
+    and blocks keep their order while the arena is not fragmented, so `@batch` finds its inputs joined:
+    concatenating them would copy every byte once more, into a new array of the batch's size whose fresh
+    pages the kernel must zero and fault in, each batch. Only read-only, C-contiguous numeric arrays of one
+    dtype and one sample shape qualify (inputs are read-only, so neither the parts nor the whole can change
+    under the callable), the first aligned for its dtype as a copy would be (so is every part after it);
+    the whole is read-only too."""
+    first = arrays[0]
+    dtype, sample_shape = first.dtype, first.shape[1:]
+    if dtype.kind not in "biuf" or first.ndim < 1 or not first.flags.aligned:
+        return None
+    address = end = first.__array_interface__["data"][0]
+    rows = 0
+    for array in arrays:
+        flags = array.flags
+        if (
+            flags.writeable
+            or not flags.c_contiguous
+            or array.dtype != dtype
+            or array.shape[1:] != sample_shape
+        ):
+            return None
+        if array.__array_interface__["data"][0] != end:
+            return None
+        end += array.nbytes
+        rows += array.shape[0]
+    return np.asarray(_Adjacent(arrays, (rows, *sample_shape), address))
 
 
 def decode_tensor(

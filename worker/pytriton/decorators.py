@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from typing import Any
 
 import numpy as np
+from kubetriton.transport import join_adjacent
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
 from pytriton.model_config import ModelConfig, Tensor
@@ -263,6 +264,9 @@ def _shared_parameters(requests: Sequence[Request]) -> Mapping[str, Any]:
 def _concatenate(name: str, arrays: list[np.ndarray]) -> np.ndarray:
     if len(arrays) == 1:
         return arrays[0]
+    joined = join_adjacent(arrays)
+    if joined is not None:  # inputs that crossed one after another through the arena
+        return joined
     try:
         return _read_only(np.concatenate(arrays))
     except ValueError:

@@ -58,6 +58,7 @@ from kubetriton.transport import (
     decode_tensor,
     encode_message,
     encode_tensor,
+    keep_freed_memory,
 )
 
 CANCEL_CHECK_S = 0.1
@@ -96,6 +97,7 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         check_stub_reads_numpy()
+        keep_freed_memory()
         config = json.loads(args["model_config"])
         parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         instance = args["model_instance_name"].rsplit("_", 1)[-1]
@@ -182,24 +184,31 @@ class TritonPythonModel:
         """Encode the batch and send it over `hop`; OSError when its worker went away."""
         frames: list[Any] = []
         allocated: list[int] = []
-        entries = []
         arena, inline_limit = self._requests_arena, self._inline_limit
+        tensors = [request.inputs() for request in requests]
+        inputs: list[list[Any]] = [[None] * len(row) for row in tensors]
         try:
-            for request in requests:
-                inputs = [
-                    encode_tensor(tensor.name(), tensor.as_numpy(), frames, arena, allocated, inline_limit)
-                    for tensor in request.inputs()
-                ]
-                parameters = request.parameters()
-                outputs = request.requested_output_names()
-                entries.append(
-                    (inputs, "" if parameters == "{}" else parameters, sorted(outputs) if outputs else None)
-                )
+            # Input by input, so that each input's arrays of the whole batch lie one after another in the
+            # arena, where `@batch` takes them as one array without copying (`join_adjacent`).
+            for column in range(max(map(len, tensors), default=0)):
+                for row, request_tensors in enumerate(tensors):
+                    if column < len(request_tensors):
+                        tensor = request_tensors[column]
+                        inputs[row][column] = encode_tensor(
+                            tensor.name(), tensor.as_numpy(), frames, arena, allocated, inline_limit
+                        )
         except ArenaFullError as error:
             self._free_requests(allocated)
             if hop.peer_closed():  # the arena may be full of blocks that the departed worker held
                 raise ConnectionResetError("the worker went away") from None
             raise ArenaFullError(f"Request to model '{self._model}' is too large: {error}") from None
+        entries = []
+        for request, descriptors in zip(requests, inputs, strict=True):
+            parameters = request.parameters()
+            outputs = request.requested_output_names()
+            entries.append(
+                (descriptors, "" if parameters == "{}" else parameters, sorted(outputs) if outputs else None)
+            )
         self._next_id += 1
         released, self._released_responses = self._released_responses, []
         flags = DECOUPLED if self._decoupled else 0
