@@ -36,6 +36,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
         "watchNamespaces": ["models"],
         "workerImage": {"repository": "registry.internal/ml/worker", "tag": "0.2.0"},
+        "router": {
+            "enabledByDefault": True,
+            "image": {"repository": "registry.internal/mirror/haproxy", "tag": "2.8.5"},
+            "resources": {"requests": {"cpu": "50m"}},
+        },
+        "clusterDomain": "corp.example",
     },
     "crd-not-kept": {"crds": {"keep": False}, "test": {"enabled": False}},
 }

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import pytest
 from helm_cluster import HelmFailed, install, lint, problems, requires_helm
 from kubetriton.operator import main as operator_main
+from kubetriton.operator.router import RouterSettings
 from releases import NAMESPACE, VALUE_SETS, installed
 
 pytestmark = requires_helm
@@ -105,6 +106,7 @@ def test_image_defaults_to_the_charts_app_version() -> None:
         {"name": "KUBETRITON_WORKER_IMAGE", "value": "registry.example.com/kubetriton/worker:0.1.0"}
     ]
     assert "--verbose" not in container["args"]
+    assert operator_main.router_settings(_parsed_args(container)) == RouterSettings()
 
 
 def test_customized_values_reach_the_pod() -> None:
@@ -118,6 +120,12 @@ def test_customized_values_reach_the_pod() -> None:
         "env"
     ]
     assert "--verbose" in container["args"]
+    assert operator_main.router_settings(_parsed_args(container)) == RouterSettings(
+        image="registry.internal/mirror/haproxy:2.8.5",
+        resources={"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},  # merged
+        enabled_by_default=True,
+        cluster_domain="corp.example",
+    )
     assert container["resources"] == values["resources"]
     assert pod["serviceAccountName"] == "triton-operator-sa"
     assert pod["imagePullSecrets"] == values["imagePullSecrets"]

@@ -33,6 +33,9 @@ BAD_VALUES: dict[str, dict[str, Any]] = {
     "existing account without a name": {"serviceAccount": {"create": False}},
     "test timeout too short": {"test": {"readyTimeoutSeconds": 5}},
     "resources with an unknown section": {"resources": {"request": {"cpu": "1"}}},
+    "router on by default as a string": {"router": {"enabledByDefault": "yes"}},
+    "router image without a repository": {"router": {"image": {"repository": "", "tag": "2.8"}}},
+    "cluster domain with a trailing dot": {"clusterDomain": "cluster.local."},
 }
 
 GOOD_VALUES: dict[str, dict[str, Any]] = {
@@ -40,6 +43,7 @@ GOOD_VALUES: dict[str, dict[str, Any]] = {
     "existing account": {"serviceAccount": {"create": False, "name": "operator"}},
     "integer cpu": {"resources": {"requests": {"cpu": 2}}},
     "no test hook": {"test": {"enabled": False}},
+    "routers for every model": {"router": {"enabledByDefault": True}},
 }
 
 

@@ -70,6 +70,9 @@ RESOURCES = {
         verbs={"get", "list", "watch", "patch", "create", "delete"},
     ),
     "v1/services": kmock.ResourceInfo(kind="Service", singular="service", namespaced=True, verbs=ALL_VERBS),
+    "v1/configmaps": kmock.ResourceInfo(
+        kind="ConfigMap", singular="configmap", namespaced=True, verbs=ALL_VERBS
+    ),
     "v1/namespaces": kmock.ResourceInfo(
         kind="Namespace", singular="namespace", namespaced=False, verbs=ALL_VERBS
     ),

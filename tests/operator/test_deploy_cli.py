@@ -478,6 +478,12 @@ async def test_status_lists_models_and_describes_one(
         "grpcUrl": "grpc://lengths.default.svc:8001",
         "podsUrl": "http://lengths-pods.default.svc:8000",
         "podsGrpcUrl": "grpc://lengths-pods.default.svc:8001",
+        "router": {
+            "url": "http://lengths-router.default.svc:8000",
+            "grpcUrl": "grpc://lengths-router.default.svc:8001",
+            "replicas": 2,
+            "readyReplicas": 1,
+        },
         "conditions": [
             {"type": "Ready", "status": "False", "reason": "ImagePullBackOff", "message": problem},
             {"type": "Degraded", "status": "True", "reason": "ImagePullBackOff", "message": problem},
@@ -518,7 +524,7 @@ async def test_status_lists_models_and_describes_one(
     detail = await kubetriton(capsys, "status", "lengths")
     assert detail.code == 0
     lines = detail.out.splitlines()
-    assert lines[:9] == [
+    assert lines[:10] == [
         "Name:         lengths",
         "Namespace:    default",
         "Image:        python:3.13-slim",
@@ -528,6 +534,8 @@ async def test_status_lists_models_and_describes_one(
         "HTTP:         http://lengths.default.svc:8000",
         "gRPC:         grpc://lengths.default.svc:8001",
         "ModelClient:  grpc://lengths-pods.default.svc:8001 or http://lengths-pods.default.svc:8000",
+        "Router:       http://lengths-router.default.svc:8000, grpc://lengths-router.default.svc:8001"
+        " (1 of 2 ready)",
     ]
     conditions = lines.index("Conditions:")
     assert lines[conditions + 1].split() == ["TYPE", "STATUS", "REASON", "MESSAGE"]

@@ -35,35 +35,42 @@ def model_with(**spec_changes: Any) -> PyTritonModel:
     return PyTritonModel.model_validate(document)
 
 
+ROUTER_GONE = [
+    "ConfigMap esm1-router",
+    "Deployment esm1-router",
+    "Service esm1-router",
+    "PodDisruptionBudget esm1-router",
+]
+ROUTER_KINDS = ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget"]
 SCENARIOS: list[tuple[str, dict[str, Any], bool, list[str], list[str]]] = [
-    # id, spec changes, ServiceMonitor CRD present, wanted kinds, kinds to delete
+    # id, spec changes, ServiceMonitor CRD present, wanted kinds, children to delete
     (
         "defaults",
         {},
         False,
         ["Deployment", "Service", "Service"],
-        ["PodDisruptionBudget", "HorizontalPodAutoscaler"],
+        ["PodDisruptionBudget", "HorizontalPodAutoscaler", *ROUTER_GONE],
     ),
     (
         "one replica",
         {"replicas": 1},
         True,
         ["Deployment", "Service", "Service", "ServiceMonitor"],
-        ["PodDisruptionBudget", "HorizontalPodAutoscaler"],
+        ["PodDisruptionBudget", "HorizontalPodAutoscaler", *ROUTER_GONE],
     ),
     (
         "two replicas",
         {"replicas": 2, "gpus": {"count": 1}},
         False,
         ["Deployment", "Service", "Service", "PodDisruptionBudget"],
-        ["HorizontalPodAutoscaler"],
+        ["HorizontalPodAutoscaler", *ROUTER_GONE],
     ),
     (
         "autoscaling from one",
         {"autoscaling": {"maxReplicas": 4}},
         False,
         ["Deployment", "Service", "Service", "HorizontalPodAutoscaler"],
-        ["PodDisruptionBudget"],
+        ["PodDisruptionBudget", *ROUTER_GONE],
     ),
     (
         "autoscaling from two on MIG",
@@ -80,14 +87,14 @@ SCENARIOS: list[tuple[str, dict[str, Any], bool, list[str], list[str]]] = [
             "HorizontalPodAutoscaler",
             "ServiceMonitor",
         ],
-        [],
+        [*ROUTER_GONE],
     ),
     (
         "autoscaling on the model's own queue time: the operator scales, no HPA",
         {"autoscaling": {"minReplicas": 2, "maxReplicas": 4, "targetQueueMilliseconds": 10}},
         False,
         ["Deployment", "Service", "Service", "PodDisruptionBudget"],
-        ["HorizontalPodAutoscaler"],
+        ["HorizontalPodAutoscaler", *ROUTER_GONE],
     ),
     (
         "everything set",
@@ -152,7 +159,21 @@ SCENARIOS: list[tuple[str, dict[str, Any], bool, list[str], list[str]]] = [
         },
         False,
         ["Deployment", "Service", "Service", "PodDisruptionBudget"],
+        ["HorizontalPodAutoscaler", *ROUTER_GONE],
+    ),
+    (
+        "a router in front of the pods",
+        {"replicas": 3, "router": True, "service": {"ports": {"http": 80, "grpc": 81}}},
+        True,
+        ["Deployment", "Service", "Service", "PodDisruptionBudget", "ServiceMonitor", *ROUTER_KINDS],
         ["HorizontalPodAutoscaler"],
+    ),
+    (
+        "a router, autoscaled to more pods than the router has slots for by default",
+        {"router": True, "autoscaling": {"maxReplicas": 100, "targetQueueMilliseconds": 10}},
+        False,
+        ["Deployment", "Service", "Service", *ROUTER_KINDS],
+        ["PodDisruptionBudget", "HorizontalPodAutoscaler"],
     ),
 ]
 IDS = [scenario[0] for scenario in SCENARIOS]
@@ -163,8 +184,15 @@ def test_children_per_spec(changes: dict[str, Any], monitor: bool, kinds: list[s
     model = model_with(**changes)
     built = children.desired(model, service_monitor=monitor)
     assert [obj["kind"] for obj in built] == kinds
-    assert [child.kind.kind for child in children.unwanted(model, service_monitor_available=monitor)] == gone
-    assert [obj["metadata"]["name"] for obj in built if obj["kind"] == "Service"] == ["esm1", "esm1-pods"]
+    assert [
+        child.describe("esm1") for child in children.unwanted(model, service_monitor_available=monitor)
+    ] == gone
+    routed = ["esm1-router"] if model.spec.router else []
+    assert [obj["metadata"]["name"] for obj in built if obj["kind"] == "Service"] == [
+        "esm1",
+        "esm1-pods",
+        *routed,
+    ]
     for obj in built:
         assert obj["metadata"]["namespace"] == "models"
         assert obj["metadata"]["labels"] == {

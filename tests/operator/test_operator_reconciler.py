@@ -15,6 +15,7 @@ from conftest import eventually
 from crd_check import admit, load_schema
 from emulator import MODEL_CRD, SERVICE_MONITOR_CRD, ClusterEmulator, OperatorThread
 from kubetriton.operator import children, naming, reconciler
+from kubetriton.operator.router import RouterSettings
 from kubetriton.operator.spec import PyTritonModel
 
 pytestmark = pytest.mark.asyncio
@@ -130,6 +131,7 @@ CHILD_APIS = {
     "PodDisruptionBudget": "policy/v1/poddisruptionbudgets",
     "HorizontalPodAutoscaler": "autoscaling/v2/horizontalpodautoscalers",
     "ServiceMonitor": "monitoring.coreos.com/v1/servicemonitors",
+    "ConfigMap": "v1/configmaps",
 }
 
 
@@ -239,6 +241,68 @@ async def test_the_operators_worker_image_runs_the_init_step_unless_the_model_na
     )
 
 
+async def test_a_router_is_applied_shown_and_deleted_with_the_spec(
+    cluster: ClusterEmulator, start_operator: StartOperator
+):
+    await start_operator(router_settings=RouterSettings(image="registry.example.com/haproxy:2.8"))
+    await create_model(cluster, model_document("identity", replicas=3, router=True))
+    found = {
+        kind: await eventually(
+            lambda kind=kind: stored(cluster, CHILD_APIS[kind], "identity-router"), message=f"router {kind}"
+        )
+        for kind in ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget")
+    }
+    template = found["Deployment"]["spec"]["template"]
+    assert template["spec"]["containers"][0]["image"] == "registry.example.com/haproxy:2.8"
+    assert "identity-pods.default.svc.cluster.local:8000" in found["ConfigMap"]["data"]["haproxy.cfg"]
+    await set_deployment_status(cluster, "identity-router", ready=0, replicas=2)
+    not_ready = await eventually(
+        lambda: condition(cluster, "identity", "RouterReady").get("status") == "False" or None,
+        message="RouterReady=False",
+    )
+    assert not_ready
+    await set_deployment_status(cluster, "identity-router", ready=2, replicas=2)
+    await eventually(
+        lambda: condition(cluster, "identity", "RouterReady").get("status") == "True", message="RouterReady"
+    )
+    status = status_of(cluster, "identity")
+    assert status["router"] == {
+        "url": "http://identity-router.default.svc:8000",
+        "grpcUrl": "grpc://identity-router.default.svc:8001",
+        "replicas": 2,
+        "readyReplicas": 2,
+    }
+    jsonschema.validate(status, load_schema()["properties"]["status"])
+    assert condition(cluster, "identity", "Ready").get("status") == "False", "the model's own pods decide"
+
+    await patch(cluster, MODELS.format(ns="default") + "/identity", {"spec": {"router": False}})
+    for kind in found:
+        await eventually(
+            lambda kind=kind: stored(cluster, CHILD_APIS[kind], "identity-router") is None,
+            message=f"router {kind} deleted",
+        )
+    await eventually(lambda: "router" not in status_of(cluster, "identity"), message="status.router gone")
+    assert condition(cluster, "identity", "RouterReady") == {}
+    assert stored(cluster, CHILD_APIS["Deployment"], "identity") is not None
+    assert stored(cluster, CHILD_APIS["Service"], "identity-pods") is not None
+
+
+async def test_the_operators_default_gives_a_router_to_a_model_that_does_not_say(
+    cluster: ClusterEmulator, start_operator: StartOperator
+):
+    await start_operator(
+        router_settings=RouterSettings(enabled_by_default=True, cluster_domain="corp.example")
+    )
+    await create_model(cluster, model_document("unsaid"))
+    await create_model(cluster, model_document("declined", router=False))
+    config = await eventually(
+        lambda: stored(cluster, CHILD_APIS["ConfigMap"], "unsaid-router"), message="a router by default"
+    )
+    assert "unsaid-pods.default.svc.corp.example:8000" in config["data"]["haproxy.cfg"]
+    await eventually(lambda: has_status(cluster, "declined"), message="the declining model handled")
+    assert stored(cluster, CHILD_APIS["Deployment"], "declined-router") is None
+
+
 async def test_ready_follows_the_deployment(cluster: ClusterEmulator, start_operator: StartOperator):
     await start_operator()
     await create_model(cluster, model_document("identity"))
@@ -341,23 +405,26 @@ async def test_an_autoscaled_model_starts_at_its_minimum(
 async def test_every_deleted_child_comes_back(cluster: ClusterEmulator, start_operator: StartOperator):
     await create(cluster, CRDS, SERVICE_MONITOR_CRD)
     await start_operator()
-    await create_model(cluster, model_document("identity", autoscaling={"minReplicas": 2, "maxReplicas": 3}))
-    for kind in CHILD_APIS:
-        await eventually(lambda kind=kind: stored(cluster, CHILD_APIS[kind], "identity"), message=kind)
-    for kind, api in CHILD_APIS.items():
-        first = stored(cluster, api, "identity")
-        await delete(cluster, child_path(kind, "identity"))
+    spec = {"autoscaling": {"minReplicas": 2, "maxReplicas": 3}, "router": True}
+    await create_model(cluster, model_document("identity", **spec))
+    every = [(child.kind.kind, child.name("identity")) for child in children.CHILDREN]
+    for kind, name in every:
+        await eventually(lambda kind=kind, name=name: stored(cluster, CHILD_APIS[kind], name), message=name)
+    for kind, name in every:
+        api = CHILD_APIS[kind]
+        first = stored(cluster, api, name)
+        await delete(cluster, child_path(kind, name))
         again = await eventually(
-            lambda api=api, first=first: (
+            lambda api=api, name=name, first=first: (
                 (
-                    (found := stored(cluster, api, "identity"))
+                    (found := stored(cluster, api, name))
                     and found["metadata"]["uid"] != first["metadata"]["uid"]
                 )
                 and found
             ),
-            message=f"the {kind} applied again",
+            message=f"the {kind} {name} applied again",
         )
-        assert again["spec"] == first["spec"]
+        assert again.get("spec") == first.get("spec") and again.get("data") == first.get("data")
 
 
 async def test_deleted_model_leaves_children_to_garbage_collection(

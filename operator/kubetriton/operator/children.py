@@ -5,7 +5,10 @@ returns and deletes the children listed by `unwanted`; `kubetriton render` print
 
 A model has at most one child of each `Child`: its kind and the suffix its name adds to the model's
 (the model's Service is named after the model, the Service that lists its pods one by one after the
-model and `-pods`). Those suffixes are reserved: no model's name ends with one (`spec`).
+model and `-pods`, the router's children after the model and `-router`). Those suffixes are reserved:
+no model's name ends with one (`spec`). The router's objects come from `router`, with the operator's
+settings for it; a model has a router when its spec asks for one (the reconciler fills in the operator's
+default where the spec does not say).
 
 Each applied child carries the fingerprint of what was applied, so that the reconciler can tell from
 the objects it watches, without a request, whether a child is already as the model wants it.
@@ -19,8 +22,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kubetriton.operator import naming
+from kubetriton.operator import naming, router
 from kubetriton.operator.pod import pod_template
+from kubetriton.operator.router import DEFAULT_SETTINGS, RouterSettings
 from kubetriton.operator.spec import GROUP, PyTritonModel
 
 DEFAULT_TARGET_CPU_UTILIZATION = 80
@@ -50,7 +54,15 @@ SERVICE = ChildKind("v1", "Service", "services")
 POD_DISRUPTION_BUDGET = ChildKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 HORIZONTAL_POD_AUTOSCALER = ChildKind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers")
 SERVICE_MONITOR = ChildKind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors")
-CHILD_KINDS = (DEPLOYMENT, SERVICE, POD_DISRUPTION_BUDGET, HORIZONTAL_POD_AUTOSCALER, SERVICE_MONITOR)
+CONFIG_MAP = ChildKind("v1", "ConfigMap", "configmaps")
+CHILD_KINDS = (
+    DEPLOYMENT,
+    SERVICE,
+    POD_DISRUPTION_BUDGET,
+    HORIZONTAL_POD_AUTOSCALER,
+    SERVICE_MONITOR,
+    CONFIG_MAP,
+)
 
 
 @dataclass(frozen=True)
@@ -74,20 +86,31 @@ PODS_SERVICE = Child(SERVICE, naming.PODS_SUFFIX)
 DISRUPTION_BUDGET = Child(POD_DISRUPTION_BUDGET)
 AUTOSCALER = Child(HORIZONTAL_POD_AUTOSCALER)
 MONITOR = Child(SERVICE_MONITOR)
-CHILDREN = (MODEL_DEPLOYMENT, MODEL_SERVICE, PODS_SERVICE, DISRUPTION_BUDGET, AUTOSCALER, MONITOR)
+ROUTER_CONFIG = Child(CONFIG_MAP, naming.ROUTER_SUFFIX)
+ROUTER_DEPLOYMENT = Child(DEPLOYMENT, naming.ROUTER_SUFFIX)
+ROUTER_SERVICE = Child(SERVICE, naming.ROUTER_SUFFIX)
+ROUTER_DISRUPTION_BUDGET = Child(POD_DISRUPTION_BUDGET, naming.ROUTER_SUFFIX)
+ROUTER = (ROUTER_CONFIG, ROUTER_DEPLOYMENT, ROUTER_SERVICE, ROUTER_DISRUPTION_BUDGET)
+"""The router's children, in the order they are applied: its configuration before the pods that read it."""
+CHILDREN = (MODEL_DEPLOYMENT, MODEL_SERVICE, PODS_SERVICE, DISRUPTION_BUDGET, AUTOSCALER, MONITOR, *ROUTER)
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 SERVICE_MONITOR_ENDPOINTS = [{"port": "metrics", "path": "/metrics"}, {"port": "worker", "path": "/metrics"}]
 FINGERPRINT_ANNOTATION = f"{GROUP}/fingerprint"
 
 
-def _object(child: Child, model: PyTritonModel, spec: dict[str, Any]) -> dict[str, Any]:
+def _header(child: Child, model: PyTritonModel) -> dict[str, Any]:
+    """apiVersion, kind and metadata of one of the model's children."""
     metadata: dict[str, Any] = {
         "name": child.name(model.metadata.name),
         "labels": naming.labels(model.metadata.name),
     }
     if model.metadata.namespace:
         metadata["namespace"] = model.metadata.namespace
-    return {"apiVersion": child.kind.api_version, "kind": child.kind.kind, "metadata": metadata, "spec": spec}
+    return {"apiVersion": child.kind.api_version, "kind": child.kind.kind, "metadata": metadata}
+
+
+def _object(child: Child, model: PyTritonModel, spec: dict[str, Any]) -> dict[str, Any]:
+    return {**_header(child, model), "spec": spec}
 
 
 def build_deployment(model: PyTritonModel) -> dict[str, Any]:
@@ -229,6 +252,53 @@ def build_service_monitor(model: PyTritonModel) -> dict[str, Any]:
     )
 
 
+def build_router_config(model: PyTritonModel, settings: RouterSettings) -> dict[str, Any]:
+    """The router's HAProxy configuration."""
+    return {**_header(ROUTER_CONFIG, model), "data": {router.CONFIG_FILE: router.config(model, settings)}}
+
+
+def build_router_deployment(model: PyTritonModel, settings: RouterSettings) -> dict[str, Any]:
+    """The router's pods; a new one starts before an old one stops."""
+    name = model.metadata.name
+    return _object(
+        ROUTER_DEPLOYMENT,
+        model,
+        {
+            "replicas": router.REPLICAS,
+            "selector": {"matchLabels": naming.router_selector_labels(name)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": router.pod_template(
+                model, settings, ROUTER_CONFIG.name(name), router.config(model, settings)
+            ),
+        },
+    )
+
+
+def build_router_service(model: PyTritonModel, settings: RouterSettings) -> dict[str, Any]:
+    """The router's address, inside the cluster: the model's HTTP and gRPC ports, and its metrics."""
+    return _object(
+        ROUTER_SERVICE,
+        model,
+        {
+            "type": "ClusterIP",
+            "selector": naming.router_selector_labels(model.metadata.name),
+            "ports": router.service_ports(model),
+        },
+    )
+
+
+def build_router_disruption_budget(model: PyTritonModel, settings: RouterSettings) -> dict[str, Any]:
+    """Voluntary evictions take one router pod at a time."""
+    return _object(
+        ROUTER_DISRUPTION_BUDGET,
+        model,
+        {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": naming.router_selector_labels(model.metadata.name)},
+        },
+    )
+
+
 def wanted(model: PyTritonModel, *, service_monitor: bool) -> list[Child]:
     """The children the model needs, in the order they are applied."""
     wanted = [MODEL_DEPLOYMENT, MODEL_SERVICE, PODS_SERVICE]
@@ -238,6 +308,8 @@ def wanted(model: PyTritonModel, *, service_monitor: bool) -> list[Child]:
         wanted.append(AUTOSCALER)
     if service_monitor:
         wanted.append(MONITOR)
+    if model.spec.router:
+        wanted.extend(ROUTER)
     return wanted
 
 
@@ -249,16 +321,28 @@ _BUILDERS = {
     AUTOSCALER: build_horizontal_pod_autoscaler,
     MONITOR: build_service_monitor,
 }
+_ROUTER_BUILDERS = {
+    ROUTER_CONFIG: build_router_config,
+    ROUTER_DEPLOYMENT: build_router_deployment,
+    ROUTER_SERVICE: build_router_service,
+    ROUTER_DISRUPTION_BUDGET: build_router_disruption_budget,
+}
 
 
-def build(child: Child, model: PyTritonModel) -> dict[str, Any]:
+def build(
+    child: Child, model: PyTritonModel, router_settings: RouterSettings = DEFAULT_SETTINGS
+) -> dict[str, Any]:
     """The object of one of the model's children."""
+    if child in _ROUTER_BUILDERS:
+        return _ROUTER_BUILDERS[child](model, router_settings)
     return _BUILDERS[child](model)
 
 
-def desired(model: PyTritonModel, *, service_monitor: bool) -> list[dict[str, Any]]:
+def desired(
+    model: PyTritonModel, *, service_monitor: bool, router_settings: RouterSettings = DEFAULT_SETTINGS
+) -> list[dict[str, Any]]:
     """Every child object the model needs."""
-    return [build(child, model) for child in wanted(model, service_monitor=service_monitor)]
+    return [build(child, model, router_settings) for child in wanted(model, service_monitor=service_monitor)]
 
 
 def fingerprint(child: dict[str, Any]) -> str:

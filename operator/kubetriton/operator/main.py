@@ -9,10 +9,13 @@ that the operator's process can keep the kubernetes client out (see `run`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from typing import Any
 
 from kubetriton import podenv
+from kubetriton.operator import router
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +82,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"spec.bootstrap.image is unset (default: ${podenv.ENV_WORKER_IMAGE}; without either, the "
         "model's own worker image, which must then be built from the kubetriton worker image)",
     )
+    routers = parser.add_argument_group("routers (HAProxy in front of a model's pods, see spec.router)")
+    routers.add_argument(
+        "--router-by-default",
+        action="store_true",
+        help="give a router to every model whose spec.router is unset (default: only to those that ask)",
+    )
+    routers.add_argument("--router-image", default=router.DEFAULT_IMAGE, help="HAProxy's image (%(default)s)")
+    routers.add_argument(
+        "--router-resources",
+        type=_resources,
+        default=router.DEFAULT_RESOURCES,
+        metavar="JSON",
+        help=f"the router container's resources, as JSON (default: {json.dumps(router.DEFAULT_RESOURCES)})",
+    )
+    routers.add_argument(
+        "--cluster-domain",
+        default=router.DEFAULT_CLUSTER_DOMAIN,
+        help="the cluster's DNS domain, in the name by which a router finds the pods (%(default)s)",
+    )
     parser.add_argument("--verbose", action="store_true", help="log kopf's debug messages")
+
+
+def _resources(text: str) -> dict[str, Any]:
+    try:
+        resources = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from error
+    if not isinstance(resources, dict):
+        raise argparse.ArgumentTypeError("a JSON object of requests and limits is expected")
+    return resources
+
+
+def router_settings(args: argparse.Namespace) -> router.RouterSettings:
+    return router.RouterSettings(
+        image=args.router_image,
+        resources=args.router_resources,
+        enabled_by_default=args.router_by_default,
+        cluster_domain=args.cluster_domain,
+    )
 
 
 def run(args: argparse.Namespace) -> int:

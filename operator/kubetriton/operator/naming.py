@@ -22,6 +22,15 @@ def selector_labels(model_name: str) -> dict[str, str]:
     return {NAME_LABEL: APP_NAME, INSTANCE_LABEL: model_name}
 
 
+ROUTER_APP_NAME = "pytriton-model-router"
+
+
+def router_selector_labels(model_name: str) -> dict[str, str]:
+    """The labels of a model's router pods: not the model's selector, nor the operator's label, so that
+    neither the model's Service nor the operator's count of the model's pods takes them for the model's."""
+    return {NAME_LABEL: ROUTER_APP_NAME, INSTANCE_LABEL: model_name}
+
+
 def labels(model_name: str) -> dict[str, str]:
     """The labels every child of a model carries."""
     return {**selector_labels(model_name), MANAGED_BY_LABEL: MANAGER}

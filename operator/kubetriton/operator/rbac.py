@@ -4,9 +4,11 @@ Each rule names only the verbs the operator uses. Server-side apply needs `creat
 kopf needs `list` and `watch` on what it watches or indexes (the models, every kind of child, so
 that a deleted child is put back, and the pods). The models themselves are never written, only
 their status.
-Children the spec may stop wanting are also deleted. Watching CRDs tells whether ServiceMonitors
-exist and lets kopf serve a CRD installed after the operator started; watching namespaces tells
-which ones are being deleted, and serves kopf's namespace patterns.
+Children the spec may stop wanting are also deleted (any kind: a router has a Deployment, a Service
+and a ConfigMap). ConfigMaps are watched for the routers' configuration; the operator reads no Secret.
+Watching CRDs tells whether ServiceMonitors exist and lets kopf serve a CRD installed after the
+operator started; watching namespaces tells which ones are being deleted, and serves kopf's
+namespace patterns.
 
 Leader election needs its Lease only, in the operator's own namespace: a Role there
 (`LEADER_ELECTION_RULES`) reads, creates and patches Leases (a renewal is a JSON patch that tests the
@@ -27,20 +29,12 @@ RULES: list[dict[str, list[str]]] = [
     {"apiGroups": [spec.GROUP], "resources": [spec.PLURAL], "verbs": ["get", *WATCH]},
     {"apiGroups": [spec.GROUP], "resources": [f"{spec.PLURAL}/status"], "verbs": ["get", "patch"]},
     *(
-        {"apiGroups": [kind.group], "resources": [kind.plural], "verbs": [*WATCH, "create", "patch"]}
-        for kind in (children.DEPLOYMENT, children.SERVICE)
-    ),
-    *(
         {
             "apiGroups": [kind.group],
             "resources": [kind.plural],
             "verbs": [*WATCH, "create", "patch", "delete"],
         }
-        for kind in (
-            children.POD_DISRUPTION_BUDGET,
-            children.HORIZONTAL_POD_AUTOSCALER,
-            children.SERVICE_MONITOR,
-        )
+        for kind in children.CHILD_KINDS
     ),
     {"apiGroups": [""], "resources": ["pods"], "verbs": WATCH},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},

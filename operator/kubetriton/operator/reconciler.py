@@ -51,6 +51,7 @@ from kubetriton.operator.kube import (
     KubeApi,
     KubeError,
 )
+from kubetriton.operator.router import DEFAULT_SETTINGS, RouterSettings
 from kubetriton.operator.spec import (
     GROUP,
     PLURAL,
@@ -83,6 +84,7 @@ INDEXES = {
     children.POD_DISRUPTION_BUDGET: "model_disruption_budgets",
     children.HORIZONTAL_POD_AUTOSCALER: "model_autoscalers",
     children.SERVICE_MONITOR: "model_service_monitors",
+    children.CONFIG_MAP: "model_config_maps",
     POD: "model_pods",
 }
 """The kopf index of each watched kind, keyed by the model's namespace and name."""
@@ -333,10 +335,13 @@ class Reconciler:
         *,
         max_concurrent_rollouts: int = MAX_CONCURRENT_ROLLOUTS,
         autoscaler_options: Mapping[str, Any] | None = None,
+        router_settings: RouterSettings = DEFAULT_SETTINGS,
     ) -> None:
-        """`autoscaler_options` go to the operator's own `autoscaler.Autoscaler` (its interval)."""
+        """`autoscaler_options` go to the operator's own `autoscaler.Autoscaler` (its interval);
+        `router_settings` make every model's router, and say whether a model that does not say has one."""
         self.api = api
         self.worker_image = worker_image
+        self.router_settings = router_settings
         self.retry_delays = retry_delays
         self.refused_retry_delays = refused_retry_delays
         self.max_concurrent_rollouts = max_concurrent_rollouts
@@ -445,6 +450,8 @@ class Reconciler:
                 parsed = describe_validation_error(error)
             else:
                 parsed.spec.bootstrap.image = parsed.spec.bootstrap.image or self.worker_image
+                if parsed.spec.router is None:
+                    parsed.spec.router = self.router_settings.enabled_by_default
             state.parsed = (*stamp, parsed)
         return state.parsed[2]
 
@@ -553,7 +560,7 @@ class Reconciler:
         monitor = self.crd_established(children.SERVICE_MONITOR_CRD)
         applied, deleted, held = [], [], ""
         for part in children.wanted(model, service_monitor=monitor):
-            kind, child = part.kind, children.build(part, model)
+            kind, child = part.kind, children.build(part, model, self.router_settings)
             kopf.append_owner_reference(child, owner=dict(owner))
             observed = self._observed(part, key)
             if observed is not None and observed["fingerprint"] == children.fingerprint(child):
@@ -622,7 +629,7 @@ class Reconciler:
         self, state: ModelState, owner: Mapping[str, Any], key: Key, previous: Mapping[str, Any]
     ) -> dict[str, Any]:
         """The model's status; status.autoscaling as the autoscaler decided it, and gone once the
-        operator no longer scales the model."""
+        operator no longer scales the model; status.router and its condition while it has a router."""
         model = self._parse(state, owner)
         if isinstance(model, str):
             return status.invalid_spec(key[1], key[0], model)
@@ -631,6 +638,13 @@ class Reconciler:
             summary["autoscaling"] = state.autoscaling
         elif not model.spec.scaled_by_operator and previous.get("autoscaling"):
             summary["autoscaling"] = None
+        if model.spec.router:
+            summary["router"], condition = status.router(
+                model, self._observed(children.ROUTER_DEPLOYMENT, key)
+            )
+            summary["conditions"].append(condition)
+        elif previous.get("router"):
+            summary["router"] = None
         return summary
 
     async def _publish(
@@ -802,10 +816,12 @@ def build_operator(
     may_write: Callable[[], bool] | None = None,
     max_concurrent_rollouts: int = MAX_CONCURRENT_ROLLOUTS,
     autoscaler_options: Mapping[str, Any] | None = None,
+    router_settings: RouterSettings = DEFAULT_SETTINGS,
 ) -> Operator:
     """A registry with every handler of the operator, bound to one API session. `worker_image` runs the
     pods' init step where a model's spec.bootstrap.image does not say otherwise; `autoscaler_options`
-    go to the operator's own autoscaler (its interval, and in tests the pods' ports)."""
+    go to the operator's own autoscaler (its interval, and in tests the pods' ports); `router_settings`
+    make the models' routers."""
     registry = kopf.OperatorRegistry()
     api = KubeApi(timeout=request_timeout or REQUEST_TIMEOUT_SECONDS, may_write=may_write)
     reconciler = Reconciler(
@@ -815,6 +831,7 @@ def build_operator(
         worker_image,
         max_concurrent_rollouts=max_concurrent_rollouts,
         autoscaler_options=autoscaler_options,
+        router_settings=router_settings,
     )
 
     @kopf.on.login(registry=registry)

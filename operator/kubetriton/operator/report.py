@@ -174,6 +174,10 @@ def describe(
             " or ".join(filter(None, (found.get("podsGrpcUrl"), found.get("podsUrl")))) or "<none yet>",
         ),
     ]
+    routed = found.get("router")
+    if routed:
+        ready = f"{routed.get('readyReplicas', 0)} of {routed.get('replicas', 0)} ready"
+        fields.append(("Router", f"{routed.get('url')}, {routed.get('grpcUrl')} ({ready})"))
     width = max(len(label) for label, _ in fields) + 3
     lines = [f"{label + ':':<{width}}{value}" for label, value in fields]
     conditions = found.get("conditions") or []

@@ -35,7 +35,7 @@ from typing import Any
 
 import aiohttp.web
 import kopf
-from kubetriton.operator import children, leader
+from kubetriton.operator import children, leader, main
 from kubetriton.operator.kube import KubeApi
 from kubetriton.operator.reconciler import (
     WATCH_HANDLERS,
@@ -231,6 +231,7 @@ async def serve(args: argparse.Namespace, outages: ApiOutages) -> None:
         may_write=elector.leading if elector is not None else None,
         max_concurrent_rollouts=args.max_concurrent_rollouts,
         autoscaler_options={"interval": args.autoscale_interval},
+        router_settings=main.router_settings(args),
     )
     insights = Insights()
     metrics = CollectorRegistry()

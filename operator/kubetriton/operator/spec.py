@@ -645,6 +645,11 @@ class PyTritonModelSpec(_Model):
         SchedulingSpec, Field(default_factory=SchedulingSpec, json_schema_extra={"default": {}})
     ]
     service: Annotated[ServiceSpec, Field(default_factory=ServiceSpec, json_schema_extra={"default": {}})]
+    router: bool | None = None
+    """Run a router in front of the pods (HAProxy, two replicas, Service `<name>-router` on the model's
+    HTTP and gRPC ports), which sends each request to the pod with the fewest in flight: for clients
+    other than ModelClient, which keep one connection and so one pod. Unset: the operator's default
+    (the chart's router.enabledByDefault)."""
     service_account_name: str | None = None
     """ServiceAccount the pods run as; the namespace's default when unset."""
     drain_seconds: Annotated[int, Field(ge=1, le=3600)] = podenv.DEFAULT_DRAIN_SECONDS
@@ -752,7 +757,8 @@ class Condition(_Model):
 
     type: str
     """Ready (every wanted pod serves every model), Progressing (pods are being created or rolled out)
-    or Degraded (a problem, named by reason, keeps pods from serving)."""
+    or Degraded (a problem, named by reason, keeps pods from serving); RouterReady for a model with a
+    router (a router pod serves)."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: str = ""
@@ -792,6 +798,19 @@ class AutoscalingStatus(_Model):
     """When the autoscaler last changed the replicas (RFC 3339)."""
 
 
+class RouterStatus(_Model):
+    """The model's router: where clients reach it, and its pods."""
+
+    url: str = ""
+    """HTTP endpoint of the router's Service, inside the cluster."""
+    grpc_url: str = ""
+    """gRPC endpoint of the router's Service, inside the cluster."""
+    replicas: int = 0
+    """Pods of the router's Deployment."""
+    ready_replicas: int = 0
+    """Router pods that are ready."""
+
+
 class PyTritonModelStatus(_Model):
     """What the operator observed; written by the operator only."""
 
@@ -804,7 +823,7 @@ class PyTritonModelStatus(_Model):
     selector: str = ""
     """Label selector of the pods, for the scale subresource."""
     conditions: list[Condition] = []
-    """Ready, Progressing and Degraded."""
+    """Ready, Progressing and Degraded; RouterReady for a model with a router."""
     url: str = ""
     """HTTP endpoint of the model's Service, inside the cluster."""
     grpc_url: str = ""
@@ -816,6 +835,8 @@ class PyTritonModelStatus(_Model):
     """The same over gRPC."""
     autoscaling: AutoscalingStatus | None = None
     """The operator's own autoscaler, for a model scaled on its own signals."""
+    router: RouterStatus | None = None
+    """The model's router, when it has one."""
 
 
 class ObjectMeta(BaseModel):

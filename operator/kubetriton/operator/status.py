@@ -297,6 +297,41 @@ def summarize(
     }
 
 
+ROUTER_READY = "RouterReady"
+
+
+def router(
+    model: PyTritonModel, deployment: Mapping[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """status.router, and the RouterReady condition: true while a router pod serves. A router whose
+    rollout stalled (its pods cannot start) says why, as its Deployment does."""
+    name = naming.child_name(model.metadata.name, naming.ROUTER_SUFFIX)
+    namespace, ports = model.metadata.namespace or "default", model.spec.service.ports
+    observed = (deployment or {}).get("status") or {}
+    ready, wanted = observed.get("readyReplicas", 0), (deployment or {}).get("spec", {}).get("replicas", 0)
+    counts = f"{ready}/{wanted} router replicas ready"
+    stalled = next(
+        (
+            c.get("message", "")
+            for c in observed.get("conditions") or []
+            if c.get("type") == "Progressing" and c.get("status") == "False"
+        ),
+        "",
+    )
+    condition = (
+        _condition(ROUTER_READY, True, "RouterServing", counts)
+        if ready > 0
+        else _condition(ROUTER_READY, False, "RouterNotReady", f"{counts}; {stalled}" if stalled else counts)
+    )
+    summary = {
+        "url": naming.http_url(name, namespace, ports.http),
+        "grpcUrl": naming.grpc_url(name, namespace, ports.grpc),
+        "replicas": observed.get("replicas", 0),
+        "readyReplicas": ready,
+    }
+    return summary, condition
+
+
 def invalid_spec(name: str, namespace: str, message: str) -> dict[str, Any]:
     """The status of a model whose spec cannot be parsed: nothing is applied until it is fixed."""
     return {

@@ -1,0 +1,98 @@
+"""The router's children: HAProxy's configuration, pods that are not the model's, and its Service."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from kubetriton.operator import children, naming, router
+from kubetriton.operator.router import RouterSettings
+from test_operator_builders import model_with
+
+SETTINGS = RouterSettings(image="registry.example.com/haproxy:2.8", cluster_domain="corp.example")
+
+
+def _label_selector_matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+def test_router_pods_are_not_the_models_pods() -> None:
+    model = model_with(replicas=3, router=True)
+    deployment = children.build_router_deployment(model, SETTINGS)
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert not _label_selector_matches(naming.selector_labels("esm1"), pod_labels), "the model's Service"
+    assert naming.MANAGED_BY_LABEL not in pod_labels, "the operator's count of the model's pods"
+    assert _label_selector_matches(deployment["spec"]["selector"]["matchLabels"], pod_labels)
+    service = children.build_router_service(model, SETTINGS)
+    budget = children.build_router_disruption_budget(model, SETTINGS)
+    assert _label_selector_matches(service["spec"]["selector"], pod_labels)
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    for obj in (deployment, service, budget, children.build_router_config(model, SETTINGS)):
+        assert obj["metadata"]["name"] == "esm1-router"
+        assert obj["metadata"]["labels"] == naming.labels("esm1")
+
+
+def test_two_non_root_haproxy_pods_read_the_config_map_and_roll_when_it_changes() -> None:
+    model = model_with(router=True)
+    deployment = children.build_router_deployment(model, SETTINGS)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.example.com/haproxy:2.8"
+    assert container["resources"] == dict(router.DEFAULT_RESOURCES)
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    (volume,) = pod["volumes"]
+    assert volume["configMap"]["name"] == "esm1-router"
+    assert container["command"][-1] == f"{container['volumeMounts'][0]['mountPath']}/haproxy.cfg"
+
+    def checksum(**changes: object) -> str:
+        built = children.build_router_deployment(model_with(router=True, **changes), SETTINGS)
+        return built["spec"]["template"]["metadata"]["annotations"][router.CONFIG_CHECKSUM_ANNOTATION]
+
+    assert checksum() == checksum(replicas=5), "scaling does not roll the router"
+    assert checksum() != checksum(drainSeconds=90)
+    assert checksum() != checksum(autoscaling={"maxReplicas": 200})
+
+
+def test_the_service_has_the_models_ports_and_the_routers_metrics() -> None:
+    model = model_with(router=True, service={"type": "LoadBalancer", "ports": {"http": 80, "grpc": 81}})
+    service = children.build_router_service(model, SETTINGS)
+    assert service["spec"]["type"] == "ClusterIP"
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
+        ("http", 80, "http"),
+        ("grpc", 81, "grpc"),
+        ("metrics", router.METRICS_PORT, "metrics"),
+    ]
+
+
+def test_the_config_finds_the_pods_by_their_fully_qualified_name() -> None:
+    text = children.build_router_config(model_with(router=True), SETTINGS)["data"]["haproxy.cfg"]
+    assert "server-template pod 1-64 esm1-pods.models.svc.corp.example:8000\n" in text
+    assert "server-template pod 1-64 esm1-pods.models.svc.corp.example:8001 proto h2" in text
+    assert "bind :8001 proto h2" in text
+    assert text.count("balance leastconn") == 2
+    assert "parse-resolv-conf" in text
+    assert "hard-stop-after 30s" in text
+    many = router.config(model_with(autoscaling={"maxReplicas": 100}, router=True), SETTINGS)
+    assert "server-template pod 1-100 " in many
+
+
+@pytest.mark.skipif(
+    shutil.which("haproxy") is None, reason="haproxy is not installed (apt-get install haproxy)"
+)
+def test_haproxy_accepts_the_config(tmp_path: Path) -> None:
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(router.config(model_with(router=True), SETTINGS))
+    checked = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
