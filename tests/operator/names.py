@@ -34,7 +34,9 @@ class NameServer:
         self.addresses: list[str] = []
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.socket.bind(("127.0.0.1", 0))
+        self.socket.settimeout(0.1)
         self.port = self.socket.getsockname()[1]
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
     def __enter__(self) -> NameServer:
@@ -42,8 +44,9 @@ class NameServer:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self.socket.close()
+        self._stopping.set()
         self._thread.join()
+        self.socket.close()
 
     def answer(self, packet: bytes) -> bytes:
         name, qtype, end = _question(packet)
@@ -57,9 +60,9 @@ class NameServer:
         return header + packet[12:end] + b"".join(records)
 
     def _serve(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 packet, sender = self.socket.recvfrom(4096)
-            except OSError:
-                return
+            except TimeoutError:
+                continue
             self.socket.sendto(self.answer(packet), sender)

@@ -1,0 +1,206 @@
+"""A model's router: plain Triton clients' requests spread over every pod, the router adds little time,
+and no request through it fails while the model's pods roll or go.
+
+The model has three replicas and `router: true`. Its worker serves `Slow`, whose one instance takes 20 ms
+per request (no batching) and answers with the name of its pod, and `Echo`, an identity for small
+requests. The clients are `e2e/routerload.py` in Pods of the cluster, plain `tritonclient.http` clients
+(one keep-alive connection each) and `tritonclient.grpc` clients (one HTTP/2 connection each), every one
+kept for the whole run, through the router's Service: through the model's own Service each would stay
+on the pod its connection went to.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubetriton.operator import report
+
+from e2e import routerload
+from e2e.cluster import Cluster, Settings, kubectl, pytriton_model, wait_for
+
+NAME = "routed"
+SLOW, ECHO = "Slow", "Echo"
+LOAD_POD = "kubetriton-e2e-router-load"
+SPREAD_CLIENTS, SPREAD_SECONDS = 6, 60
+LATENCY_ROUNDS, LATENCY_REQUESTS = 5, 200
+MAX_ADDED_P50_MS = 0.5
+SERVE = f"""
+import socket
+import time
+
+import numpy as np
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton
+
+POD = socket.gethostname().encode()
+
+
+def slow(requests):
+    time.sleep(0.02 * len(requests))
+    return [{{"y": request["x"], "pod": np.array([POD], dtype=np.bytes_)}} for request in requests]
+
+
+def echo(requests):
+    return [{{"y": request["x"]}} for request in requests]
+
+
+with Triton() as triton:
+    x, y = Tensor(name="x", dtype=np.float32, shape=(-1,)), Tensor(name="y", dtype=np.float32, shape=(-1,))
+    triton.bind("{SLOW}", slow, [x], [y, Tensor(name="pod", dtype=bytes, shape=(1,))],
+                config=ModelConfig(batching=False))
+    triton.bind("{ECHO}", echo, [x], [y], config=ModelConfig(batching=False))
+    triton.serve()
+"""
+
+
+def _model(image: str, replicas: int, generation: int) -> dict[str, Any]:
+    return pytriton_model(
+        NAME,
+        {
+            "worker": {
+                "image": image,
+                "command": ["python", "-c", SERVE],
+                "env": [{"name": "ROLLOUT", "value": str(generation)}],
+                "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+            },
+            "models": [SLOW, ECHO],
+            "replicas": replicas,
+            "router": True,
+        },
+    )
+
+
+def _router_serving(cluster: Cluster, namespace: str) -> dict[str, Any] | None:
+    """The model once its status shows both router replicas ready and RouterReady true."""
+    model = cluster.model(NAME, namespace) or {}
+    found = model.get("status") or {}
+    ready = any(c["type"] == "RouterReady" and c["status"] == "True" for c in found.get("conditions", []))
+    return model if ready and (found.get("router") or {}).get("readyReplicas") == 2 else None
+
+
+def _run_to_the_end(cluster: Cluster, settings: Settings, namespace: str, arguments: list[str]) -> str:
+    """routerload.py with `arguments` in a Pod, until it ends; its log."""
+    source = Path(routerload.__file__).read_text()
+    cluster.run_pod(LOAD_POD, namespace, settings.worker_image, ["python", "-c", source, *arguments])
+    try:
+        wait_for(
+            lambda: cluster.pod_phase(LOAD_POD, namespace) in ("Succeeded", "Failed"),
+            900,
+            "the clients to end",
+        )
+        log = cluster.pod_log(LOAD_POD, namespace)
+        assert cluster.pod_phase(LOAD_POD, namespace) == "Succeeded", log[-3000:]
+        return log
+    finally:
+        cluster.delete_pod(LOAD_POD, namespace)
+
+
+def _last(log: str) -> dict[str, Any]:
+    return json.loads([line for line in log.splitlines() if line.startswith("{")][-1])
+
+
+@pytest.fixture(scope="module")
+def routed(release: dict[str, Any], cluster: Cluster, settings: Settings) -> Iterator[dict[str, Any]]:
+    """The model with its router, both serving; deleted afterwards."""
+    namespace = settings.models_namespace
+    cluster.apply(_model(settings.worker_image, 3, 0), namespace)
+    try:
+        cluster.wait_until_serving(NAME, namespace, 3, settings.ready_timeout_s)
+        yield wait_for(lambda: _router_serving(cluster, namespace), settings.ready_timeout_s, "the router")
+    finally:
+        kubectl("delete", "pytritonmodel", NAME, "-n", namespace, "--ignore-not-found", "--wait=true")
+
+
+def test_plain_clients_spread_over_every_pod_and_the_router_adds_little(
+    routed: dict[str, Any], cluster: Cluster, settings: Settings
+) -> None:
+    namespace = settings.models_namespace
+    router = routed["status"]["router"]
+    host = f"{NAME}-router.{namespace}.svc"
+    assert (router["url"], router["grpcUrl"]) == (f"http://{host}:8000", f"grpc://{host}:8001")
+    assert f"http://{host}:8000, grpc://{host}:8001 (2 of 2 ready)" in report.describe(routed, [])
+    pods = set(cluster.model_pods(NAME, namespace))
+
+    spread = _last(
+        _run_to_the_end(
+            cluster, settings, namespace, ["spread", host, SLOW, str(SPREAD_CLIENTS), str(SPREAD_SECONDS)]
+        )
+    )
+    print(f"{SPREAD_CLIENTS} clients through the router for {SPREAD_SECONDS} s: {json.dumps(spread)}")
+    latency = _last(
+        _run_to_the_end(
+            cluster,
+            settings,
+            namespace,
+            [
+                "latency",
+                host,
+                f"{NAME}-pods.{namespace}.svc",
+                ECHO,
+                str(LATENCY_ROUNDS),
+                str(LATENCY_REQUESTS),
+            ],
+        )
+    )
+    print(f"router against straight to a pod, one request at a time: {json.dumps(latency)}")
+
+    total: dict[str, int] = {}
+    for protocol in routerload.PROTOCOLS:
+        answers = spread[protocol]
+        assert answers["failed"] == 0, answers["failures"]
+        assert set(answers["pods"]) == pods, f"{protocol}: every pod serves"
+        for pod, count in answers["pods"].items():
+            total[pod] = total.get(pod, 0) + count
+    mean = sum(total.values()) / len(total)
+    shares = {pod: round(count / mean, 3) for pod, count in total.items()}
+    print(f"each pod's requests against the mean: {shares}")
+    assert all(0.75 <= share <= 1.25 for share in shares.values()), shares
+    assert latency["pods"] == 3
+    for protocol in routerload.PROTOCOLS:
+        assert latency[f"{protocol} added p50"] <= MAX_ADDED_P50_MS, latency
+
+
+def test_no_request_through_the_router_fails_while_the_pods_roll_or_go(
+    routed: dict[str, Any], cluster: Cluster, settings: Settings
+) -> None:
+    namespace = settings.models_namespace
+    source = Path(routerload.__file__).read_text()
+    host = f"{NAME}-router.{namespace}.svc"
+    cluster.run_pod(
+        LOAD_POD,
+        namespace,
+        settings.worker_image,
+        ["python", "-c", source, "spread", host, SLOW, "4", "3600"],
+    )
+    try:
+        wait_for(lambda: '"at"' in cluster.pod_log(LOAD_POD, namespace), 600, "the load to start")
+        time.sleep(5)
+        steps = [
+            ("rolling update of three replicas", 3, _model(settings.worker_image, 3, 1)),
+            ("scaling from three to one", 1, _model(settings.worker_image, 1, 1)),
+        ]
+        for step, replicas, model in steps:
+            before = set(cluster.model_pods(NAME, namespace))
+            started = time.monotonic()
+            cluster.apply(model, namespace)
+            wait_for(
+                lambda before=before, replicas=replicas: cluster.settled(NAME, namespace, before, replicas),
+                settings.ready_timeout_s,
+                f"{step}: the stopped pods to be gone and {replicas} to serve",
+            )
+            took = time.monotonic() - started
+            print(f"{step} in {took:.0f} s; so far {json.dumps(_last(cluster.pod_log(LOAD_POD, namespace)))}")
+        time.sleep(5)
+        outcome = _last(cluster.pod_log(LOAD_POD, namespace))
+        assert cluster.pod_phase(LOAD_POD, namespace) == "Running"
+    finally:
+        cluster.delete_pod(LOAD_POD, namespace)
+    print(f"through the router while the pods rolled and went: {json.dumps(outcome)}")
+    for protocol in routerload.PROTOCOLS:
+        assert sum(outcome[protocol]["pods"].values()) > 0, f"{protocol}: no answer"
+        assert outcome[protocol]["failed"] == 0, outcome[protocol]["failures"]

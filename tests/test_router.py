@@ -1,0 +1,162 @@
+"""The router's HAProxy configuration, run by a real HAProxy in front of two real tritonservers.
+
+The two servers stand for two pods: each listens on its own loopback address (127.0.0.2, 127.0.0.3) on the
+same ports, and a DNS server answers the name of the model's headless Service with the addresses of the
+"pods" of the moment, as a cluster's DNS does. Requests go through the router over HTTP and gRPC; each
+server's inference statistics say which one served them. Skipped where Debian's haproxy is not installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc
+import tritonclient.http
+from kubetriton.operator import router
+from kubetriton.podenv import REPOSITORY_TOKEN_HEADER
+from kubetriton.server import LocalTritonServer
+from kubetriton.triton_home import locate
+
+from tests.conftest import free_ports
+from tests.operator.names import NameServer
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("haproxy") is None, reason="haproxy is not on PATH (Debian's haproxy package)"
+)
+
+PODS = "echo-pods.models.svc.cluster.local"
+ADDRESSES = ("127.0.0.2", "127.0.0.3")
+TOKEN = "router-test"
+MODEL = "echo"
+ECHO = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        inputs = [pb_utils.get_input_tensor_by_name(request, "x").as_numpy() for request in requests]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]) for x in inputs]
+"""
+CONFIG = f"""name: "{MODEL}"
+backend: "python"
+input [ {{ name: "x" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "y" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+"""
+
+
+@contextlib.contextmanager
+def pod(
+    address: str, http: int, grpc: int, workspace: Path
+) -> Iterator[tritonclient.http.InferenceServerClient]:
+    """A tritonserver serving MODEL on `address` only; a client of it, for its statistics."""
+    (workspace / MODEL / "1").mkdir(parents=True)
+    (workspace / MODEL / "1" / "model.py").write_text(ECHO)
+    (workspace / MODEL / "config.pbtxt").write_text(CONFIG)
+    (metrics,) = free_ports(1)
+    server = LocalTritonServer(
+        locate(),
+        model_repository=workspace,
+        repository_token=TOKEN,
+        shm_prefix=f"/dev/shm/kubetriton-router-{address}-{http}",
+        log_path=workspace / "tritonserver.log",
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        exit_timeout_s=5,
+        log_verbose=0,
+        extra_args=[f"--http-address={address}", f"--grpc-address={address}", f"--metrics-address={address}"],
+        control_url=f"http://{address}:{http}",
+        listening={"metrics": metrics},
+    )
+    server.start()
+    control = tritonclient.http.InferenceServerClient(f"{address}:{http}")
+    try:
+        control.load_model(MODEL, headers={REPOSITORY_TOKEN_HEADER: TOKEN})
+        yield control
+    finally:
+        control.close()
+        server.stop()
+
+
+def served(control: tritonclient.http.InferenceServerClient) -> int:
+    (stats,) = control.get_inference_statistics(MODEL)["model_stats"]
+    return int(stats["inference_stats"]["success"]["count"])
+
+
+def eventually(check: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s: {what}")
+        time.sleep(0.2)
+
+
+def active_servers(metrics_port: int) -> dict[str, int]:
+    """Each backend's servers that HAProxy sends to, from its Prometheus exporter; none while it starts."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return {}
+    found = re.findall(r'^haproxy_backend_active_servers\{proxy="([^"]+)"\} (\d+)', text, re.MULTILINE)
+    return {proxy: int(count) for proxy, count in found}
+
+
+def test_haproxy_sends_each_request_to_the_pods_its_name_resolves_to(tmp_path: Path) -> None:
+    http, grpc, router_http, router_grpc, router_metrics = free_ports(5)
+    ports = router.Ports(router_http, router_grpc, router_metrics, pod_http=http, pod_grpc=grpc)
+    data = np.ones(1, np.float32)
+    http_input = tritonclient.http.InferInput("x", [1], "FP32")
+    http_input.set_data_from_numpy(data)
+    grpc_input = tritonclient.grpc.InferInput("x", [1], "FP32")
+    grpc_input.set_data_from_numpy(data)
+    with contextlib.ExitStack() as stack:
+        dns = stack.enter_context(NameServer(PODS))
+        first, second = (
+            stack.enter_context(pod(address, http, grpc, tmp_path / address)) for address in ADDRESSES
+        )
+        dns.addresses = list(ADDRESSES)
+        config = tmp_path / "haproxy.cfg"
+        config.write_text(
+            router.haproxy_config(PODS, slots=4, ports=ports, nameserver=f"127.0.0.1:{dns.port}")
+        )
+        log = stack.enter_context((tmp_path / "haproxy.log").open("w"))
+        haproxy = subprocess.Popen(
+            ["haproxy", "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
+        )
+        stack.callback(haproxy.wait)
+        stack.callback(haproxy.terminate)
+        client = stack.enter_context(tritonclient.http.InferenceServerClient(f"127.0.0.1:{router_http}"))
+        grpc_client = tritonclient.grpc.InferenceServerClient(f"127.0.0.1:{router_grpc}")
+        stack.callback(grpc_client.close)
+
+        def both_protocols(times: int) -> None:
+            for _ in range(times):
+                assert client.infer(MODEL, [http_input]).as_numpy("y").tolist() == [1.0]
+                assert grpc_client.infer(MODEL, [grpc_input]).as_numpy("y").tolist() == [1.0]
+
+        every = {"pods-http": 2, "pods-grpc": 2}
+        eventually(lambda: active_servers(router_metrics) == every, "both pods in both backends")
+        before = served(first), served(second)
+        both_protocols(20)
+        after = served(first), served(second)
+        assert sum(after) - sum(before) == 40
+        assert all(now - then >= 10 for then, now in zip(before, after, strict=True)), (before, after)
+
+        dns.addresses = [ADDRESSES[0]]
+        eventually(lambda: active_servers(router_metrics) == {"pods-http": 1, "pods-grpc": 1}, "the pod gone")
+        left = served(second)
+        both_protocols(20)
+        assert served(second) == left, "a pod that left the name's answer gets no request"
+
+        dns.addresses = list(ADDRESSES)
+        eventually(lambda: active_servers(router_metrics) == every, "the pod back")
+        both_protocols(20)
+        assert served(second) > left, "a pod that joins gets requests"
