@@ -153,7 +153,6 @@ defaults
     retries 3
     option redispatch 1
     retry-on conn-failure empty-response
-    option httpchk GET /v2/health/ready
     default-server init-addr none resolvers cluster resolve-prefer ipv4 check inter 1s fall 2 rise 1
 
 frontend http
@@ -171,11 +170,14 @@ frontend router
 
 backend pods-http
     balance leastconn
+    option httpchk GET /v2/health/ready
     server-template pod 1-{slots} {pods}:{ports.pod_http}
 
+# checked by a connection to the gRPC port: a check of another port than the server's (Triton's HTTP
+# health) would keep the address the server had at start, none for a pod found later (HAProxy 2.6)
 backend pods-grpc
     balance leastconn
-    server-template pod 1-{slots} {pods}:{ports.pod_grpc} proto h2 port {ports.pod_http} check-proto h1
+    server-template pod 1-{slots} {pods}:{ports.pod_grpc} proto h2
 """
 
 
