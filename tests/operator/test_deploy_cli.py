@@ -187,7 +187,7 @@ def test_dry_run_prints_the_config_map_and_the_model(
     config.write_text(yaml.safe_dump(settings))
     monkeypatch.setenv("KUBECONFIG", str(config))
     path = write_script(tmp_path / "app")
-    argv = ["deploy", str(path), "--image", "python:3.13-slim", "--gpus", "1", "--replicas", "2"]
+    argv = ["deploy", str(path), "--image", "python:3.13-slim", "--gpus", "1", "--replicas", "2", "--router"]
 
     assert cli.main([*argv, "--dry-run=client", "-o", "yaml"]) == 0
     printed = capsys.readouterr()
@@ -214,6 +214,7 @@ def test_dry_run_prints_the_config_map_and_the_model(
         "models": ["Lengths"],
         "gpus": {"count": 1},
         "replicas": 2,
+        "router": True,
     }
     PyTritonModel.model_validate(model_doc)
     admitted, errors = admit(model_doc)
@@ -614,7 +615,9 @@ async def test_an_update_keeps_what_its_flags_do_not_say(
     cluster: ClusterEmulator, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     worker = {"image": "registry.example.com/lengths:1", "command": ["python", "/app/serve.py"]}
-    await create_model(cluster, model_document("lengths", worker=worker, gpus={"count": 2}, replicas=3))
+    await create_model(
+        cluster, model_document("lengths", worker=worker, gpus={"count": 2}, replicas=3, router=True)
+    )
     path = write_script(tmp_path / "app")
     updated = await kubetriton(capsys, "deploy", str(path), "--no-wait", "--replicas", "1")
     assert updated.code == 0
@@ -627,4 +630,9 @@ async def test_an_update_keeps_what_its_flags_do_not_say(
     spec = (model(cluster, "lengths") or {})["spec"]
     assert spec["worker"]["image"] == "registry.example.com/lengths:1"
     assert spec["worker"]["script"]["configMap"] == f"lengths-script-{script.load(path).digest}"
-    assert (spec["gpus"]["count"], spec["replicas"], spec["models"]) == (2, 1, ["Lengths"])
+    assert (spec["gpus"]["count"], spec["replicas"], spec["models"], spec["router"]) == (
+        2,
+        1,
+        ["Lengths"],
+        True,
+    )

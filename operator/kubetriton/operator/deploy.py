@@ -77,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: 1, or the model's)",
     )
     parser.add_argument(
+        "--router",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a router in front of the pods, which sends each request of any client (tritonclient, curl, "
+        "perf_analyzer) to the pod with the fewest in flight (default: the model's, else the operator's)",
+    )
+    parser.add_argument(
         "--name",
         default=None,
         help="the model's object and Service name (default: from its first model name)",
@@ -181,6 +188,7 @@ def model_document(
     gpus: int | None,
     replicas: int | None,
     processes: int | None = None,
+    router: bool | None = None,
 ) -> dict[str, Any]:
     """The PyTritonModel fields that a deploy sets; the rest keep their defaults or others' values."""
     worker: dict[str, Any] = {"image": image, "script": {"configMap": config_map, "entrypoint": entrypoint}}
@@ -191,6 +199,8 @@ def model_document(
         spec["gpus"] = {"count": gpus}
     if replicas is not None:
         spec["replicas"] = replicas
+    if router is not None:
+        spec["router"] = router
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -251,6 +261,7 @@ def _documents(
     gpus = args.gpus if args.gpus is not None else (spec.get("gpus") or {}).get("count")
     replicas = args.replicas if args.replicas is not None else spec.get("replicas")
     processes = args.processes if args.processes is not None else (spec.get("worker") or {}).get("processes")
+    router = args.router if args.router is not None else spec.get("router")
     config_map = config_map_document(name, namespace, files)
     model = model_document(
         name,
@@ -262,6 +273,7 @@ def _documents(
         gpus=gpus,
         replicas=replicas,
         processes=processes,
+        router=router,
     )
     validated(model)
     return config_map, model
