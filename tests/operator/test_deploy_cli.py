@@ -20,7 +20,7 @@ from conftest import eventually
 from crd_check import admit
 from emulator import ClusterEmulator, OperatorThread
 from kubetriton import cli, podenv
-from kubetriton.operator import naming, script
+from kubetriton.operator import deploy, naming, script
 from kubetriton.operator.spec import PyTritonModel
 from test_operator_cli import write_kubeconfig
 from test_operator_reconciler import (
@@ -263,6 +263,20 @@ ACCESS_LINES = [
     "  # each request to a free pod",
     "    result = client.infer_batch(...)  # one numpy array per input",
 ]
+
+
+def test_the_addresses_name_the_router_where_the_model_has_one() -> None:
+    router = {
+        "url": "http://lengths-router.default.svc:8000",
+        "grpcUrl": "grpc://lengths-router.default.svc:8001",
+    }
+    model = {"metadata": {"name": "lengths", "namespace": "default"}, "spec": {"models": ["Lengths"]}}
+    assert deploy.addresses(model) == ACCESS_LINES
+    assert deploy.addresses({**model, "status": {"router": router}}) == [
+        *ACCESS_LINES[:2],
+        "Router: http://lengths-router.default.svc:8000, grpc://lengths-router.default.svc:8001",
+        *ACCESS_LINES[2:],
+    ]
 
 
 async def start_deploy(

@@ -352,17 +352,20 @@ def _delete_older_scripts(cluster: Cluster, name: str, current: str) -> list[str
 
 
 def addresses(model: dict[str, Any]) -> list[str]:
-    """The Service's addresses, for any client, and the three lines that query the model from inside the
-    cluster with ModelClient, through the name of the pods (each request to a free pod)."""
+    """The Service's addresses, for any client, the router's where the model has one (each request of any
+    client to a free pod), and the three lines that query the model from inside the cluster with
+    ModelClient, through the name of the pods (each request to a free pod)."""
     name, namespace = model["metadata"]["name"], model["metadata"]["namespace"]
     found = model.get("status") or {}
     http = found.get("url") or naming.http_url(name, namespace)
     grpc = found.get("grpcUrl") or naming.grpc_url(name, namespace)
     pods = found.get("podsGrpcUrl") or f"grpc://{naming.pods_host(name, namespace)}:{podenv.GRPC_PORT}"
     first_model = model["spec"]["models"][0]
+    routed = found.get("router") or {}
     return [
         f"HTTP: {http}",
         f"gRPC: {grpc}",
+        *([f"Router: {routed['url']}, {routed['grpcUrl']}"] if routed.get("url") else []),
         "",
         "from pytriton.client import ModelClient",
         f'with ModelClient("{pods}", "{first_model}") as client:  # each request to a free pod',
