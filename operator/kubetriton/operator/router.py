@@ -8,8 +8,9 @@ the model's HTTP and gRPC ports. HAProxy sends each HTTP/1.1 request and each HT
 the pod with the fewest requests in flight (`balance leastconn` counts requests, not connections), and
 finds the pods by the name of the model's headless Service, which resolves to each Ready pod: a pod
 that joins gets requests within a few seconds, one that leaves gets no new ones, and no config
-changes, so the router does not restart when the model scales or rolls. A request whose connection
-fails before it reached a pod is sent to another one.
+changes, so the router does not restart when the model scales or rolls. A request that reached no
+pod, or whose pod closed the connection without answering (a stopping pod's keep-alive connection), is
+sent to another one.
 
 HAProxy because clusters already run it, it is packaged by Debian (the real-cluster kit builds its
 image from there), it follows a DNS name at run time without a reload, and it exports Prometheus
