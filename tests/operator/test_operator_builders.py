@@ -223,7 +223,8 @@ def test_the_pods_service_lists_each_ready_pod_on_the_model_services_ports() -> 
     assert pods["spec"]["clusterIP"] == "None"
     assert "type" not in pods["spec"] and "publishNotReadyAddresses" not in pods["spec"]
     assert pods["spec"]["selector"] == service["spec"]["selector"]
-    assert pods["spec"]["ports"] == service["spec"]["ports"]
+    assert pods["spec"]["ports"] == service["spec"]["ports"][:2], "HTTP and gRPC, as the model's Service"
+    assert [port["name"] for port in pods["spec"]["ports"]] == ["http", "grpc"], "no metrics: scraped once"
 
 
 @pytest.mark.parametrize(

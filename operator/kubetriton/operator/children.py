@@ -184,15 +184,14 @@ def build_service(model: PyTritonModel) -> dict[str, Any]:
 def build_pods_service(model: PyTritonModel) -> dict[str, Any]:
     """A headless Service: its name resolves to the address of each Ready pod, so that a client (a
     ModelClient given this name, or the router) balances each request over the pods itself. A pod that
-    stops or is not Ready leaves the answer; the ports are the model Service's."""
+    stops or is not Ready leaves the answer. Only the HTTP and gRPC ports: the ServiceMonitor, which
+    selects the model's Services by their labels, scrapes the metrics ports of the model's Service
+    alone, so that no pod is scraped twice."""
+    serving = [port for port in _service_ports(model) if port["name"] in ("http", "grpc")]
     return _object(
         PODS_SERVICE,
         model,
-        {
-            "clusterIP": "None",
-            "selector": naming.selector_labels(model.metadata.name),
-            "ports": _service_ports(model),
-        },
+        {"clusterIP": "None", "selector": naming.selector_labels(model.metadata.name), "ports": serving},
     )
 
 
