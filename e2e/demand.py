@@ -68,7 +68,7 @@ class Demand:
                         self.urls[protocol], self.model, init_timeout_s=600, inference_timeout_s=30
                     )
                 started = time.monotonic()
-                client.infer_batch(x=np.ones((1, 1), np.float32))
+                client.infer_sample(x=np.ones(1, np.float32))
                 self.counted.put((protocol, time.monotonic() - started, None))
             except Exception as error:  # every failure counts, whatever its type
                 self.counted.put((protocol, None, f"{time.time():.3f} {type(error).__name__}: {error}"))

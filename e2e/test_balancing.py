@@ -46,7 +46,6 @@ import socket
 import time
 
 import numpy as np
-from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton
 
@@ -54,10 +53,9 @@ EDITION = os.environ.get("EDITION", "1")
 POD = socket.gethostname().encode()
 
 
-@batch
-def sleep(x):
-    time.sleep(0.02)
-    return {{"y": x, "pod": np.array([[POD]] * len(x), dtype=np.bytes_)}}
+def sleep(requests):
+    time.sleep(0.02 * len(requests))
+    return [{{"y": request["x"], "pod": np.array([POD], dtype=np.bytes_)}} for request in requests]
 
 
 def echo(requests):
@@ -65,10 +63,9 @@ def echo(requests):
 
 
 with Triton() as triton:
-    triton.bind("{MODEL}", sleep, [Tensor(name="x", dtype=np.float32, shape=(1,))],
-                [Tensor(name="y", dtype=np.float32, shape=(1,)), Tensor(name="pod", dtype=bytes, shape=(1,))],
-                config=ModelConfig(max_batch_size=1))
     x, y = Tensor(name="x", dtype=np.float32, shape=(-1,)), Tensor(name="y", dtype=np.float32, shape=(-1,))
+    triton.bind("{MODEL}", sleep, [x], [y, Tensor(name="pod", dtype=bytes, shape=(1,))],
+                config=ModelConfig(batching=False))
     triton.bind("{ECHO}", echo, [x], [y], config=ModelConfig(batching=False))
     triton.serve()
 """
@@ -127,6 +124,8 @@ def _router_spread(outcome: dict[str, Any]) -> dict[str, float]:
     served: Counter[str] = Counter()
     for protocol in routerload.PROTOCOLS:
         served.update(outcome[protocol]["pods"])
+    if not served:
+        return {}
     mean = sum(served.values()) / len(served)
     return {pod: count / mean for pod, count in sorted(served.items())}
 
