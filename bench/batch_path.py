@@ -28,7 +28,6 @@ import json
 import multiprocessing
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from pathlib import Path
 import numpy as np
 from data_path import cpu_seconds, plain_triton
 from kubetriton.podenv import ACCESS_TOKEN_HEADER
+from multi_process import free_ports
 
 IMAGE_SHAPE = (3, 224, 224)
 CLIENT_PROCESSES = 4
@@ -130,17 +130,6 @@ def serve(
                 ),
             )
         triton.serve()
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def descendants(pid: int) -> dict[int, str]:

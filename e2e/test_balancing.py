@@ -27,10 +27,11 @@ from kubetriton.operator import naming
 
 from e2e import routerload
 from e2e.cluster import Cluster, Settings, kubectl, pytriton_model, wait_for
-from e2e.test_router import _last, _run_to_the_end
+from e2e.test_router import ECHO, SERVE, SLOW, _last, _run_to_the_end
 from e2e.timeline import Sample, Timeline, demand_pod
 
-MODEL, ECHO = "Sleep", "Echo"
+MODEL = SLOW
+"""The router test's model: its one instance takes 20 ms per request and answers with its pod's name."""
 REPLICAS = 12
 CLIENTS = 12
 MEASURE_S = 60
@@ -40,35 +41,6 @@ LOAD_POD = "kubetriton-e2e-balance"
 ROUTER_LOAD_POD = "kubetriton-e2e-balance-router"
 LATENCY_ROUNDS, LATENCY_REQUESTS = 5, 240
 MAX_ROUTER_ADDED_P50_MS = 0.5
-SERVE = f"""
-import os
-import socket
-import time
-
-import numpy as np
-from pytriton.model_config import ModelConfig, Tensor
-from pytriton.triton import Triton
-
-EDITION = os.environ.get("EDITION", "1")
-POD = socket.gethostname().encode()
-
-
-def sleep(requests):
-    time.sleep(0.02 * len(requests))
-    return [{{"y": request["x"], "pod": np.array([POD], dtype=np.bytes_)}} for request in requests]
-
-
-def echo(requests):
-    return [{{"y": request["x"]}} for request in requests]
-
-
-with Triton() as triton:
-    x, y = Tensor(name="x", dtype=np.float32, shape=(-1,)), Tensor(name="y", dtype=np.float32, shape=(-1,))
-    triton.bind("{MODEL}", sleep, [x], [y, Tensor(name="pod", dtype=bytes, shape=(1,))],
-                config=ModelConfig(batching=False))
-    triton.bind("{ECHO}", echo, [x], [y], config=ModelConfig(batching=False))
-    triton.serve()
-"""
 
 
 def sleep_model(name: str, image: str, replicas: int, edition: str = "1") -> dict[str, Any]:
@@ -79,7 +51,7 @@ def sleep_model(name: str, image: str, replicas: int, edition: str = "1") -> dic
             "worker": {
                 "image": image,
                 "command": ["python", "-c", SERVE],
-                "env": [{"name": "EDITION", "value": edition}],
+                "env": [{"name": "ROLLOUT", "value": edition}],
                 "resources": {"requests": {"cpu": "10m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
             },
             "triton": {"resources": {"requests": {"cpu": "10m", "memory": "128Mi"}}},

@@ -22,11 +22,9 @@ import pytest
 import tritonclient.grpc
 import tritonclient.http
 from kubetriton.operator import router
-from kubetriton.podenv import REPOSITORY_TOKEN_HEADER
-from kubetriton.server import LocalTritonServer
 from kubetriton.triton_home import locate
 
-from tests.conftest import free_ports
+from tests.conftest import free_ports, plain_triton
 from tests.operator.names import NameServer
 
 pytestmark = pytest.mark.skipif(
@@ -35,7 +33,6 @@ pytestmark = pytest.mark.skipif(
 
 PODS = "echo-pods.models.svc.cluster.local"
 ADDRESSES = ("127.0.0.2", "127.0.0.3")
-TOKEN = "router-test"
 MODEL = "echo"
 ECHO = """
 import triton_python_backend_utils as pb_utils
@@ -57,33 +54,11 @@ def pod(
     address: str, http: int, grpc: int, workspace: Path
 ) -> Iterator[tritonclient.http.InferenceServerClient]:
     """A tritonserver serving MODEL on `address` only; a client of it, for its statistics."""
-    (workspace / MODEL / "1").mkdir(parents=True)
-    (workspace / MODEL / "1" / "model.py").write_text(ECHO)
-    (workspace / MODEL / "config.pbtxt").write_text(CONFIG)
-    (metrics,) = free_ports(1)
-    server = LocalTritonServer(
-        locate(),
-        model_repository=workspace,
-        repository_token=TOKEN,
-        shm_prefix=f"/dev/shm/kubetriton-router-{address}-{http}",
-        log_path=workspace / "tritonserver.log",
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
-        exit_timeout_s=5,
-        log_verbose=0,
-        extra_args=[f"--http-address={address}", f"--grpc-address={address}", f"--metrics-address={address}"],
-        control_url=f"http://{address}:{http}",
-        listening={"metrics": metrics},
-    )
-    server.start()
-    control = tritonclient.http.InferenceServerClient(f"{address}:{http}")
-    try:
-        control.load_model(MODEL, headers={REPOSITORY_TOKEN_HEADER: TOKEN})
-        yield control
-    finally:
-        control.close()
-        server.stop()
+    workspace.mkdir(parents=True)
+    with plain_triton(locate(), workspace, address=address, ports=(http, grpc)) as triton:
+        triton.add_model(MODEL, ECHO, CONFIG)
+        triton.load(MODEL)
+        yield triton.control
 
 
 def served(control: tritonclient.http.InferenceServerClient) -> int:
