@@ -554,3 +554,22 @@ def test_script_from_a_config_map_serves_from_an_image_with_only_python_and_nump
     finally:
         pod.stop()
         shutil.rmtree(pod.shm, ignore_errors=True)
+
+
+def test_a_declared_model_the_script_does_not_bind_ends_the_worker_naming_what_it_binds(tmp_path):
+    """spec.models names a model the script never binds: once the script serves, the worker exits with its
+    own status and says which model is missing and which the script bound (the operator reads both)."""
+    pod = Pod(tmp_path, models=("Identity", "Other"))
+    try:
+        pod.start_sidecar()
+        worker = pod.start("worker", **{podenv.ENV_SHM_DIR: str(pod.shm)})
+        assert worker.wait(120) == podenv.MODEL_NOT_BOUND_EXIT_CODE, pod.log("worker")
+        said = (
+            "spec.models declares Other, which the script does not bind before serve() "
+            "(it binds Cached, Identity, Slow, Stream)"
+        )
+        assert said in pod.log("worker")
+        assert pod.processes["triton"].poll() is None, "the sidecar keeps running for the restarted worker"
+    finally:
+        pod.stop()
+        shutil.rmtree(pod.shm, ignore_errors=True)

@@ -53,6 +53,9 @@ WORKER_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 UNSUPPORTED_IMAGE_EXIT_CODE = 78
 """The launcher's exit status when the worker image cannot run kubetriton (EX_CONFIG); its one-line reason
 is the container's termination message."""
+MODEL_NOT_BOUND_EXIT_CODE = 64
+"""A worker's exit status when its script serves without binding a model the pod declares (EX_USAGE): no
+restart binds it. Its one-line reason, which names the models bound, is the termination message."""
 SCRIPT_VOLUME = "script"
 SCRIPT_MOUNT = "/kubetriton/script"
 """Where a model's spec.worker.script ConfigMap appears in the worker container."""

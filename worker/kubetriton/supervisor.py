@@ -260,7 +260,8 @@ class Supervisor:
             code = process.exit_code()
             if code is None:
                 continue
-            if code == podenv.UNSUPPORTED_IMAGE_EXIT_CODE:  # the image, not the process: no restart helps
+            if code in (podenv.UNSUPPORTED_IMAGE_EXIT_CODE, podenv.MODEL_NOT_BOUND_EXIT_CODE):
+                # the image or the spec, not the process: no restart helps
                 self._exit_code = code
                 return process.describe_exit(code)
             process.failures_in_a_row, delay = self._policy.after_exit(

@@ -29,6 +29,7 @@ from kubetriton import podenv
 from kubetriton.control import TritonControl
 from kubetriton.drain import client_connections, request_sidecar_stop
 from kubetriton.health import HealthServer
+from kubetriton.launch import write_termination_message
 from kubetriton.model_repository import ModelSpec, check_model_name, name_tensors, write_model
 from kubetriton.server import (
     LocalTritonServer,
@@ -514,6 +515,7 @@ class _Serving:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 previous[signum] = signal.signal(signum, self._on_stop_signal)
         try:
+            self._check_bound()
             while not self._stop_requested.wait(monitoring_period_s):
                 self._check_triton()
         finally:
@@ -522,6 +524,9 @@ class _Serving:
             self.stop()
         if self._fatal is not None:
             raise SystemExit(f"Serving stopped after an unrecoverable error: {self._fatal}")
+
+    def _check_bound(self) -> None:
+        """Exit when a model that must be served is not bound once serving starts (serve() checks once)."""
 
     def _check_triton(self) -> None:
         """Raise when Triton can no longer serve (serve() checks every monitoring period)."""
@@ -849,6 +854,22 @@ class Triton(_Serving):
             self._start_hosted(self._supervisor)
         else:
             self._start_local()
+
+    def _check_bound(self) -> None:
+        """In a pod, every model its spec declares must be bound before serve(): the pod is never ready
+        otherwise, and no restart binds it. The worker says which models the script bound instead, on
+        stderr and as the container's termination message, and exits with its own status."""
+        missing = [model for model in self._pod.models if model not in self._workers] if self._pod else []
+        if not missing:
+            return
+        message = (
+            f"spec.models declares {', '.join(missing)}, which the script does not bind before serve() "
+            f"(it binds {', '.join(sorted(self._workers)) or 'no model'}): bind it, or declare the models "
+            "the script binds (kubetriton deploy --model NAME)"
+        )
+        LOGGER.error("%s", message)
+        write_termination_message(message)
+        raise SystemExit(podenv.MODEL_NOT_BOUND_EXIT_CODE)
 
     def _check_triton(self) -> None:
         if self._server is not None and not self._server.is_running():
