@@ -82,7 +82,7 @@ RESOURCES = {
         namespaced=False,
         verbs=ALL_VERBS,
     ),
-    "v1/events": kmock.ResourceInfo(kind="Event", singular="event", namespaced=True, verbs={"create"}),
+    "v1/events": kmock.ResourceInfo(kind="Event", singular="event", namespaced=True, verbs=ALL_VERBS),
     "policy/v1/poddisruptionbudgets": kmock.ResourceInfo(
         kind="PodDisruptionBudget", singular="poddisruptionbudget", namespaced=True, verbs=ALL_VERBS
     ),

@@ -20,7 +20,7 @@ from conftest import eventually
 from crd_check import admit
 from emulator import ClusterEmulator, OperatorThread
 from kubetriton import cli, podenv
-from kubetriton.operator import deploy, naming, script
+from kubetriton.operator import deploy, naming, rollout, script
 from kubetriton.operator.spec import PyTritonModel
 from test_operator_cli import write_kubeconfig
 from test_operator_reconciler import (
@@ -365,9 +365,17 @@ async def test_deploy_applies_the_script_and_model_then_follows_them_to_ready(
     assert script_config_maps(cluster) == [second_map]
 
 
-def unsupported_image_pod(name: str, image: str, config_map_name: str, message: str) -> dict[str, Any]:
-    """A pod whose worker the launcher stopped, as the kubelet reports it."""
-    exited = {"terminated": {"exitCode": podenv.UNSUPPORTED_IMAGE_EXIT_CODE, "message": message}}
+def exited_pod(
+    name: str,
+    image: str,
+    config_map_name: str,
+    message: str,
+    exit_code: int = podenv.UNSUPPORTED_IMAGE_EXIT_CODE,
+    restarts: int = 1,
+) -> dict[str, Any]:
+    """A pod whose worker exited and waits to be started again, as the kubelet reports it; by default, one
+    the launcher stopped."""
+    exited = {"terminated": {"exitCode": exit_code, "message": message}}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -383,7 +391,7 @@ def unsupported_image_pod(name: str, image: str, config_map_name: str, message: 
                 {
                     "name": "worker",
                     "ready": False,
-                    "restartCount": 1,
+                    "restartCount": restarts,
                     "imageID": "docker.io/library/python@sha256:0",
                     "state": {"waiting": {"reason": "CrashLoopBackOff"}},
                     "lastState": exited,
@@ -406,17 +414,81 @@ async def test_deploy_stops_at_an_image_kubetriton_cannot_run_in(
         capsys, cluster, write_script(tmp_path / "app"), "--image", "python:3.9-slim"
     )
     refusal = "The worker image has Python 3.9; kubetriton needs CPython 3.10 to 3.13"
-    pod = unsupported_image_pod("lengths", "python:3.9-slim", map_name, f"Traceback?\n{refusal}")
+    pod = exited_pod("lengths", "python:3.9-slim", map_name, f"Traceback?\n{refusal}")
     await create(cluster, "/api/v1/namespaces/default/pods", pod)
     failed = await asyncio.wait_for(deploying, 30)
 
     assert failed.code == 1
     lines = failed.out.splitlines()
     assert "pods scheduled: 1 of 1" in lines and "images pulled: 1 of 1" in lines
-    assert f"WorkerImageUnsupported: {refusal}" in lines
-    assert failed.err == f"error: lengths cannot become Ready: WorkerImageUnsupported: {refusal}\n"
+    cause = f"WorkerImageUnsupported: pod {pod['metadata']['name']}: {refusal}"
+    assert cause in lines
+    assert failed.err == (
+        f"error: lengths cannot become Ready: {cause}\n"
+        f"the last lines of container worker of pod {pod['metadata']['name']}:\n"
+        f"  Traceback?\n"
+        f"  {refusal}\n"
+    )
     assert "HTTP:" not in failed.out
     assert script_config_maps(cluster) == [map_name], "the script stays for the next try"
+
+
+TRACEBACK = ["Traceback (most recent call last):"] + [
+    f'  File "serve.py", line {n}, in f{n}' for n in range(12)
+]
+
+
+@pytest.mark.asyncio
+async def test_deploy_stops_at_a_crash_loop_with_the_scripts_last_lines(
+    cluster: ClusterEmulator,
+    start_operator: StartOperator,
+    kubeconfig: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The worker exited three times: the deploy ends there, with the exception and the traceback's end."""
+    await start_operator()
+    image = "python:3.13-slim"
+    deploying, map_name = await start_deploy(
+        capsys, cluster, write_script(tmp_path / "app"), "--image", image
+    )
+    said = "\n".join([*TRACEBACK, "RuntimeError: boom"])
+    pod = exited_pod("lengths", image, map_name, said, exit_code=1, restarts=2)
+    await create(cluster, "/api/v1/namespaces/default/pods", pod)
+    failed = await asyncio.wait_for(deploying, 30)
+
+    assert failed.code == 1
+    name = pod["metadata"]["name"]
+    cause = f"CrashLoopBackOff: pod {name}: container worker exited with code 1 3 times: RuntimeError: boom"
+    assert failed.err.splitlines() == [
+        f"error: lengths cannot become Ready: {cause}",
+        f"the last lines of container worker of pod {name}:",
+        *(f"  {line}" for line in [*TRACEBACK, "RuntimeError: boom"][-10:]),
+    ]
+
+
+def test_a_cause_in_a_pod_of_an_earlier_script_does_not_end_the_wait() -> None:
+    """The old script's pod crashes while the new one's loads: the rollout may still succeed."""
+    spec = {"worker": {"image": "w:1", "script": {"configMap": "m-new"}}, "models": ["M"]}
+    old = exited_pod("m", "w:1", "m-old", "boom", exit_code=1, restarts=9)
+    new = exited_pod("m", "w:1", "m-new", "boom", exit_code=1, restarts=9)
+    new["metadata"]["name"] = "m-5f7c9d8b6-fghij"
+
+    def model(message: str) -> dict[str, Any]:
+        conditions = [
+            {"type": "Progressing", "status": "False", "reason": "Stalled", "message": message},
+            {"type": "Degraded", "status": "True", "reason": "CrashLoopBackOff", "message": message},
+        ]
+        return {
+            "metadata": {"name": "m", "generation": 2},
+            "spec": spec,
+            "status": {"observedGeneration": 2, "conditions": conditions},
+        }
+
+    about_old, about_new = (f"pod {pod['metadata']['name']}: exited" for pod in (old, new))
+    assert rollout.stalled(model(about_old), [old, new]) is None
+    assert rollout.stalled(model(about_new), [old, new])["message"] == about_new
+    assert rollout.stalled(model("exceeded quota"), [old])["message"] == "exceeded quota"
 
 
 @pytest.mark.asyncio
@@ -505,7 +577,7 @@ async def test_status_lists_models_and_describes_one(
         ],
     }
     await patch(cluster, MODELS.format(ns="default") + "/lengths/status", {"status": status})
-    pod = unsupported_image_pod("lengths", "python:3.13-slim", map_name, "")
+    pod = exited_pod("lengths", "python:3.13-slim", map_name, "")
     pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ImagePullBackOff"}}
     await create(cluster, "/api/v1/namespaces/default/pods", pod)
 

@@ -36,6 +36,15 @@ AUTOSCALED = MODEL.model_copy(
 )
 
 
+AUTOSCALED_FROM_ONE = AUTOSCALED.model_copy(
+    update={
+        "spec": AUTOSCALED.spec.model_copy(
+            update={"autoscaling": AutoscalingSpec.model_validate({"minReplicas": 1, "maxReplicas": 5})}
+        )
+    }
+)
+
+
 def deployment(
     ready: int = 0, replicas: int = 2, updated: int | None = None, wanted: int = 2, **extra: Any
 ) -> dict[str, Any]:
@@ -68,7 +77,12 @@ def stopping(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def waiting_pod(
-    container: str, reason: str, message: str = "", last: dict[str, Any] | None = None, running: bool = False
+    container: str,
+    reason: str,
+    message: str = "",
+    last: dict[str, Any] | None = None,
+    running: bool = False,
+    restarts: int = 0,
 ) -> dict[str, Any]:
     state = (
         {"running": {"startedAt": "t"}} if running else {"waiting": {"reason": reason, "message": message}}
@@ -76,6 +90,7 @@ def waiting_pod(
     entry = {
         "name": container,
         "ready": False,
+        "restartCount": restarts,
         "state": state,
         "lastState": {"terminated": last} if last else {},
     }
@@ -227,7 +242,7 @@ CASES = [
         },
     ),
     (
-        "worker crashing",
+        "worker crashing, restarted once: the kubelet may still get it going",
         MODEL,
         deployment(),
         [
@@ -236,6 +251,26 @@ CASES = [
                 "CrashLoopBackOff",
                 "back-off",
                 last={"exitCode": 1, "message": "ImportError: torch"},
+                restarts=1,
+            )
+        ],
+        {
+            "Ready": ("False", "CrashLoopBackOff"),
+            "Progressing": ("True", "RollingOut"),
+            "Degraded": ("True", "CrashLoopBackOff"),
+        },
+    ),
+    (
+        "worker crashing for good",
+        MODEL,
+        deployment(),
+        [
+            waiting_pod(
+                "worker",
+                "CrashLoopBackOff",
+                "back-off",
+                last={"exitCode": 1, "message": "ImportError: torch"},
+                restarts=2,
             )
         ],
         {
@@ -255,7 +290,7 @@ CASES = [
         ],
         {
             "Ready": ("False", "ModelLoadFailed"),
-            "Progressing": ("False", "Stalled"),
+            "Progressing": ("True", "RollingOut"),
             "Degraded": ("True", "ModelLoadFailed"),
         },
     ),
@@ -321,7 +356,9 @@ def test_the_most_severe_problem_wins_and_its_message_is_kept() -> None:
     summary = status.summarize(MODEL, deployment(ready=1), pods)
     ready = summary["conditions"][0]
     assert ready["reason"] == "InsufficientGPU"
-    assert ready["message"] == "1/2 replicas ready; 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    assert ready["message"] == (
+        "1/2 replicas ready; pod esm1-a: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    )
 
 
 def test_loading_names_the_pods_that_load() -> None:
@@ -423,3 +460,239 @@ def test_an_ordinary_crash_is_not_blamed_on_the_image() -> None:
     pods = [waiting_pod("worker", "CrashLoopBackOff", last={"exitCode": 1, "message": "ValueError: bad"})]
     ready = status.summarize(MODEL, deployment(ready=0), pods)["conditions"][0]
     assert ready["reason"] == "CrashLoopBackOff" and "ValueError: bad" in ready["message"]
+
+
+# What the cluster says of a stuck pod, and the cause the status names. Messages are the kubelet's and the
+# scheduler's own words (Kubernetes 1.35).
+
+
+def event(reason: str, message: str, container: str = "", kind: str = "Pod", type: str = "Warning") -> dict:
+    """An Event about the pod esm1-x as the API server stores it."""
+    involved = {"kind": kind, "name": "esm1-x", "namespace": "models"}
+    if container:
+        involved["fieldPath"] = f"spec.containers{{{container}}}"
+    return {"type": type, "reason": reason, "message": message, "involvedObject": involved, "count": 3}
+
+
+def stuck(pod: dict[str, Any], *events: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    pod = {**pod, "metadata": {"name": "esm1-x"}}
+    warnings = [warning for warning in map(status.pod_warning, events) if warning is not None]
+    return pod, warnings
+
+
+INITIALIZING = {
+    "status": {
+        "phase": "Pending",
+        "initContainerStatuses": [
+            {
+                "name": "bootstrap",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "PodInitializing"}},
+            }
+        ],
+    }
+}
+PVC_POD = {
+    "spec": {"volumes": [{"name": "weights", "persistentVolumeClaim": {"claimName": "weights"}}]},
+    "status": {
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims. "
+                "preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling.",
+            }
+        ]
+    },
+}
+CONFIG_ERROR = "pytriton.exceptions.PyTritonModelConfigError: Triton refused to load model 'Sleep': bad"
+NOT_BOUND = "spec.models declares Other, which the script does not bind before serve() (it binds Sleep): ..."
+PROBE = 'Startup probe failed: Get "http://10.244.0.7:8010/livez": dial tcp 10.244.0.7:8010: connect: refused'
+
+CAUSES = [
+    (
+        "a script ConfigMap that does not exist",
+        stuck(
+            INITIALIZING,
+            event(
+                "FailedMount",
+                'MountVolume.SetUp failed for volume "script" : configmap "no-such-cm" not found',
+            ),
+        ),
+        ("ConfigMapNotFound", True, "ConfigMap no-such-cm does not exist (a volume of the pod: MountVolume"),
+    ),
+    (
+        "a Secret volume that does not exist",
+        stuck(
+            INITIALIZING,
+            event("FailedMount", 'MountVolume.SetUp failed for volume "creds" : secret "no-such" not found'),
+        ),
+        ("SecretNotFound", True, "Secret no-such does not exist"),
+    ),
+    (
+        "a Secret the worker's environment reads, missing",
+        stuck(waiting_pod("worker", "CreateContainerConfigError", 'secret "api-key" not found')),
+        (
+            "SecretNotFound",
+            True,
+            'Secret api-key does not exist (container worker: secret "api-key" not found)',
+        ),
+    ),
+    (
+        "a key missing from a Secret",
+        stuck(
+            waiting_pod(
+                "worker", "CreateContainerConfigError", "couldn't find key token in Secret models/api"
+            )
+        ),
+        ("SecretNotFound", True, "Secret models/api has no key token (container worker)"),
+    ),
+    (
+        "a mount that fails otherwise may still succeed",
+        stuck(INITIALIZING, event("FailedMount", 'MountVolume.SetUp failed for volume "nfs" : timed out')),
+        ("MountFailed", False, 'pod esm1-x: MountVolume.SetUp failed for volume "nfs" : timed out'),
+    ),
+    (
+        "a PersistentVolumeClaim that does not bind",
+        stuck(PVC_POD),
+        ("VolumeNotBound", True, "PersistentVolumeClaim weights is not bound to a volume"),
+    ),
+    (
+        "a node selector that no node satisfies",
+        stuck(
+            pending_pod(
+                "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector. preemption: "
+                "0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+            )
+        ),
+        ("Unschedulable", True, "didn't match Pod's node affinity/selector"),
+    ),
+    (
+        "a GPU request that no node satisfies",
+        stuck(pending_pod("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")),
+        ("InsufficientGPU", True, "1 Insufficient nvidia.com/gpu"),
+    ),
+    (
+        "a declared model the script does not bind",
+        stuck(
+            waiting_pod(
+                "worker",
+                "CrashLoopBackOff",
+                last={"exitCode": podenv.MODEL_NOT_BOUND_EXIT_CODE, "message": NOT_BOUND},
+                restarts=1,
+            )
+        ),
+        ("ModelNotBound", True, f"pod esm1-x: {NOT_BOUND}"),
+    ),
+    (
+        "Triton refuses the generated configuration",
+        stuck(
+            waiting_pod(
+                "worker",
+                "",
+                last={"exitCode": 1, "message": f"Traceback:\n  ...\n{CONFIG_ERROR}"},
+                running=True,
+            )
+        ),
+        ("ModelConfigRejected", True, "pod esm1-x: Triton refused to load model 'Sleep': bad"),
+    ),
+    (
+        "a startup probe that stops a slow load",
+        stuck(
+            waiting_pod("worker", "", last={"exitCode": 143, "reason": "Error"}, running=True, restarts=1),
+            event("Unhealthy", PROBE, container="worker"),
+        ),
+        ("StartupProbeFailed", True, "container worker did not start within spec.startupSeconds (1200 s)"),
+    ),
+    (
+        "a script that raises at its start, three times",
+        stuck(
+            waiting_pod(
+                "worker",
+                "CrashLoopBackOff",
+                "back-off 20s restarting failed container",
+                last={
+                    "exitCode": 1,
+                    "message": "Traceback (most recent call last):\n  ...\nRuntimeError: boom",
+                },
+                restarts=2,
+            )
+        ),
+        ("CrashLoopBackOff", True, "container worker exited with code 1 3 times: RuntimeError: boom"),
+    ),
+    (
+        "an image that cannot be pulled",
+        stuck(waiting_pod("worker", "ImagePullBackOff", 'Back-off pulling image "nope:1"')),
+        ("ImagePullBackOff", True, 'container worker: Back-off pulling image "nope:1"'),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("stuck_pod", "expected"), [case[1:] for case in CAUSES], ids=[case[0] for case in CAUSES]
+)
+def test_a_stuck_pod_names_its_cause(stuck_pod: tuple, expected: tuple) -> None:
+    pod, warnings = stuck_pod
+    reason, stalled, message = expected
+    summary = status.summarize(MODEL, deployment(), [pod], warnings={"esm1-x": warnings})
+    by_type = {condition["type"]: condition for condition in summary["conditions"]}
+    assert by_type["Degraded"]["status"] == "True"
+    assert by_type["Degraded"]["reason"] == by_type["Ready"]["reason"] == reason
+    assert by_type["Degraded"]["message"].startswith("pod esm1-x: ")
+    assert message in by_type["Degraded"]["message"]
+    assert "\n" not in by_type["Degraded"]["message"]
+    assert (by_type["Progressing"]["status"], by_type["Progressing"]["reason"]) == (
+        ("False", "Stalled") if stalled else ("True", "RollingOut")
+    )
+
+
+def test_only_warnings_about_pods_are_kept() -> None:
+    assert status.pod_warning(event("Unhealthy", PROBE, container="worker")) == {
+        "reason": "Unhealthy",
+        "message": PROBE,
+        "container": "worker",
+        "count": 3,
+    }
+    assert status.pod_warning(event("Pulled", "pulled", type="Normal")) is None
+    assert status.pod_warning(event("ModelLoadFailed", "1/2 replicas ready", kind="PyTritonModel")) is None
+
+
+def test_a_mount_warning_from_before_the_volume_mounted_is_forgotten() -> None:
+    pod, warnings = stuck(
+        waiting_pod("worker", "", running=True),
+        event("FailedMount", 'MountVolume.SetUp failed for volume "script" : configmap "late" not found'),
+    )
+    ready = status.summarize(MODEL, deployment(), [pod], warnings={"esm1-x": warnings})["conditions"][0]
+    assert ready["reason"] == "Loading"
+
+
+def test_in_a_rollout_the_new_pods_problem_is_named() -> None:
+    old = waiting_pod("worker", "CrashLoopBackOff", last={"exitCode": 1, "message": "old bug"}, restarts=5)
+    old["metadata"] = {"name": "esm1-old", "creationTimestamp": "2026-01-01T00:00:00Z"}
+    new = waiting_pod("worker", "ImagePullBackOff", "not found")
+    new["metadata"] = {"name": "esm1-new", "creationTimestamp": "2026-01-01T00:05:00Z"}
+    degraded = status.summarize(MODEL, deployment(), [old, new])["conditions"][2]
+    assert (degraded["reason"], degraded["message"]) == (
+        "ImagePullBackOff",
+        "pod esm1-new: container worker: not found",
+    )
+    loading = waiting_pod("worker", "", running=True)
+    loading["metadata"] = new["metadata"]
+    degraded = status.summarize(MODEL, deployment(), [old, loading])["conditions"][2]
+    assert degraded["reason"] == "CrashLoopBackOff" and degraded["message"].startswith("pod esm1-old: ")
+
+
+def test_a_change_of_replicas_alone_keeps_a_ready_model_ready() -> None:
+    """An autoscaler set 1 replica where 4 are ready, and the Deployment's controller has not caught up
+    (its status is of generation 3, the spec of 4): the model stays Ready, whichever way it scales."""
+    for ready, wanted in ((4, 1), (1, 4)):
+        scaled = deployment(ready=ready, replicas=ready, wanted=wanted)
+        scaled["metadata"]["generation"] = 4
+        summary = status.summarize(AUTOSCALED_FROM_ONE, scaled, [], template_generation=3)
+        assert summary["conditions"][0]["status"] == "True", (ready, wanted)
+    stale = deployment(ready=4, replicas=4, wanted=1)
+    stale["metadata"]["generation"] = 4
+    rolling = status.summarize(MODEL, stale, [], template_generation=4)["conditions"][0]
+    assert (rolling["status"], rolling["reason"]) == ("False", "ReplicasNotReady"), "a new template rolls"

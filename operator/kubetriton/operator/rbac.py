@@ -3,7 +3,8 @@
 Each rule names only the verbs the operator uses. Server-side apply needs `create` and `patch`;
 kopf needs `list` and `watch` on what it watches or indexes (the models, every kind of child, so
 that a deleted child is put back, and the pods). The models themselves are never written, only
-their status.
+their status. Events are read as well as written: the Warnings about a model's pods (a volume that
+cannot be mounted, a failing probe) are what its status names as the cause of a stuck model.
 Children the spec may stop wanting are also deleted (any kind: a router has a Deployment, a Service
 and a ConfigMap). ConfigMaps are watched for the routers' configuration; the operator reads no Secret.
 Watching CRDs tells whether ServiceMonitors exist and lets kopf serve a CRD installed after the
@@ -37,7 +38,7 @@ RULES: list[dict[str, list[str]]] = [
         for kind in children.CHILD_KINDS
     ),
     {"apiGroups": [""], "resources": ["pods"], "verbs": WATCH},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": [*WATCH, "create", "patch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": WATCH},
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": WATCH},
 ]

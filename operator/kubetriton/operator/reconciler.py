@@ -91,9 +91,23 @@ INDEXES = {
 MODELS_INDEX = "models"
 CRDS_INDEX = "established_crds"
 TERMINATING_INDEX = "terminating_namespaces"
-ALL_INDEXES = (MODELS_INDEX, CRDS_INDEX, TERMINATING_INDEX, *INDEXES.values())
-MODEL_HANDLER, CRD_HANDLER = "model", "crd"
-WATCH_HANDLERS = (MODEL_HANDLER, CRD_HANDLER, *(kind.plural for kind in INDEXES))
+POD_MODELS_INDEX = "pod_models"
+"""The model of each of the models' pods, keyed by the pod's namespace and name."""
+POD_WARNINGS_INDEX = "pod_warnings"
+"""The Warning events about pods, keyed by the pod's namespace and name (`status.pod_warning`)."""
+ALL_INDEXES = (
+    MODELS_INDEX,
+    CRDS_INDEX,
+    TERMINATING_INDEX,
+    POD_MODELS_INDEX,
+    POD_WARNINGS_INDEX,
+    *INDEXES.values(),
+)
+EVENTS = ("v1", "events")
+WARNINGS_ONLY = "type=Warning"
+"""The API server sends the operator only the Events that warn; those about pods are kept."""
+MODEL_HANDLER, CRD_HANDLER, WARNING_HANDLER = "model", "crd", "warning"
+WATCH_HANDLERS = (MODEL_HANDLER, CRD_HANDLER, WARNING_HANDLER, *(kind.plural for kind in INDEXES))
 """The ids of the handlers that kopf calls for every watch event of what they watch."""
 
 
@@ -125,6 +139,7 @@ def operator_settings() -> kopf.OperatorSettings:
     managed = ",".join(f"{key}={value}" for key, value in CHILD_LABELS.items())
     for kind in INDEXES:
         settings.watching.label_selectors[kind.resource] = managed
+    settings.watching.field_selectors[EVENTS] = WARNINGS_ONLY
     settings.posting.level = logging.WARNING
     settings.scanning.disabled = False
     return settings
@@ -244,23 +259,26 @@ async def _child_summary(
 async def _pod_summary(
     body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any
 ) -> dict[Key, Any]:
-    """What the status reads of a pod (its scheduling condition and its containers' states), and what the
-    autoscaler needs (whether it is Ready, its address)."""
+    """What the status reads of a pod (its age, volume claims, scheduling condition and containers' states),
+    and what the autoscaler needs (whether it is Ready, its address)."""
     observed = body.status
 
     def containers(field: str) -> list[dict[str, Any]]:
-        kept = ("name", "ready", "state", "lastState")
+        kept = ("name", "ready", "restartCount", "state", "lastState")
         return [{key: entry[key] for key in kept if key in entry} for entry in observed.get(field) or []]
 
     conditions = observed.get("conditions") or []
     scheduling = [c for c in conditions if c.get("type") == "PodScheduled"]
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    claims = [volume for volume in body.spec.get("volumes") or [] if volume.get("persistentVolumeClaim")]
     return {
         (namespace, labels.get(naming.INSTANCE_LABEL, "")): {
             "metadata": {
                 "name": body.metadata.name,
+                "creationTimestamp": body.metadata.get("creationTimestamp", ""),
                 **({"deletionTimestamp": True} if body.metadata.get("deletionTimestamp") else {}),
             },
+            "spec": {"volumes": claims},
             "status": {
                 "podIP": observed.get("podIP", ""),
                 "ready": ready,
@@ -270,6 +288,18 @@ async def _pod_summary(
             },
         }
     }
+
+
+async def _pod_model(namespace: str, name: str, labels: Mapping[str, str], **_: Any) -> dict[Key, str]:
+    return {(namespace, name): labels.get(naming.INSTANCE_LABEL, "")}
+
+
+async def _pod_warning(body: kopf.Body, namespace: str, **_: Any) -> dict[Key, dict[str, Any]]:
+    """A Warning about a pod, under the pod's key; any other Event is not kept."""
+    warning = status.pod_warning(body)
+    if warning is None:
+        return {}
+    return {(namespace, body["involvedObject"].get("name", "")): warning}
 
 
 async def _established(body: kopf.Body, name: str, **_: Any) -> dict[str, bool]:
@@ -312,6 +342,9 @@ class ModelState:
     """The status last written, so that an unchanged one is not written again."""
     applied_deployment: dict[str, Any] | None = None
     """The Deployment as the operator's last apply returned it, until the index has caught up."""
+    template_generation: int | None = None
+    """The Deployment's generation when the operator last applied its pod template: a later one changed
+    its replicas only (an autoscaler), which no pod has to roll for."""
     stale: bool = False
     """Children changed while the lock was held: the status is refreshed before it is let go."""
     autoscaling: dict[str, Any] | None = None
@@ -406,6 +439,25 @@ class Reconciler:
     def _pods(self, key: Key) -> list[dict[str, Any]]:
         index = self.indices.get(INDEXES[POD])
         return list(index.get(key, ())) if index is not None else []
+
+    def _warnings(self, key: Key, pods: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+        """The Warning events about the model's pods, by pod name."""
+        index = self.indices.get(POD_WARNINGS_INDEX)
+        names = [pod["metadata"]["name"] for pod in pods]
+        return {name: list(index.get((key[0], name), ())) for name in names} if index is not None else {}
+
+    def _template_generation(self, state: ModelState, deployment: Mapping[str, Any] | None) -> int | None:
+        """The Deployment's generation when its pod template was last applied. Not known (an operator that
+        started, with nothing to apply): the generation it has once its status has caught up with it."""
+        if deployment is None:
+            return None
+        generation = deployment["metadata"]["generation"]
+        if (
+            state.template_generation is None
+            and deployment["status"].get("observedGeneration", 0) >= generation
+        ):
+            state.template_generation = generation
+        return state.template_generation
 
     def _logger(self, owner: Mapping[str, Any]) -> kopf.Logger:
         """A logger whose lines name the model, whichever object's event is being handled."""
@@ -581,6 +633,7 @@ class Reconciler:
             answer = await self._apply(kind, child)
             if part is children.MODEL_DEPLOYMENT:
                 state.applied_deployment = _deployment_summary(answer)
+                state.template_generation = state.applied_deployment["metadata"]["generation"]
             applied.append(part.describe(key[1]))
         for part in children.unwanted(model, service_monitor_available=monitor):
             if self._observed(part, key) is None:
@@ -613,6 +666,7 @@ class Reconciler:
                 )
             answer = await self._apply(kind, children.stamped(child))
             state.applied_deployment = _deployment_summary(answer)
+            state.template_generation = state.applied_deployment["metadata"]["generation"]
             self._waiting.discard(key)
             return None
 
@@ -633,7 +687,15 @@ class Reconciler:
         model = self._parse(state, owner)
         if isinstance(model, str):
             return status.invalid_spec(key[1], key[0], model)
-        summary = status.summarize(model, self._deployment(key), self._pods(key), state.failure)
+        deployment, pods = self._deployment(key), self._pods(key)
+        summary = status.summarize(
+            model,
+            deployment,
+            pods,
+            state.failure,
+            self._warnings(key, pods),
+            self._template_generation(state, deployment),
+        )
         if model.spec.scaled_by_operator and state.autoscaling is not None:
             summary["autoscaling"] = state.autoscaling
         elif not model.spec.scaled_by_operator and previous.get("autoscaling"):
@@ -789,6 +851,13 @@ class Reconciler:
         if body.get("kind") == children.DEPLOYMENT.kind:
             await self._admit_waiting()
 
+    async def warning_event(self, body: kopf.Body, namespace: str, **_: Any) -> None:
+        """A Warning about a model's pod (a volume not mounted, a probe failing): its status is refreshed."""
+        pod = (body.get("involvedObject") or {}).get("name", "")
+        model = _first(self.indices.get(POD_MODELS_INDEX), (namespace, pod))
+        if model and status.pod_warning(body) is not None:
+            await self.refresh((namespace, model))
+
     async def crd_event(self, type: str | None, name: str, **_: Any) -> None:
         """The ServiceMonitor CRD appeared or changed: every model gets what it now wants."""
         appeared = type in ("ADDED", "MODIFIED") and self.crd_established(name)
@@ -850,6 +919,9 @@ def build_operator(
     crds = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
     kopf.index(*crds, id=CRDS_INDEX, when=_watched_crd, registry=registry)(_established)
     kopf.index("v1", "namespaces", id=TERMINATING_INDEX, registry=registry)(_terminating)
+    kopf.index(*POD.resource, labels=CHILD_LABELS, id=POD_MODELS_INDEX, registry=registry)(_pod_model)
+    kopf.index(*EVENTS, id=POD_WARNINGS_INDEX, registry=registry)(_pod_warning)
+    kopf.on.event(*EVENTS, id=WARNING_HANDLER, registry=registry)(reconciler.warning_event)
     for kind, index_id in INDEXES.items():
         summary = _pod_summary if kind is POD else _child_summary
         kopf.index(*kind.resource, labels=CHILD_LABELS, id=index_id, registry=registry)(summary)

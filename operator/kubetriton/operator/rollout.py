@@ -3,8 +3,10 @@
 What a user waits for on a cluster happens in steps that take very different times: the operator
 takes the new spec, pods are scheduled, images are pulled, the worker loads its models, pods turn
 ready. Each step's count is shown when it changes, and so is a problem the operator reports
-(Degraded, with its reason and message), so a stalled deploy says why. Some problems need the user
-to act (an image kubetriton cannot run in, a child the API server refuses): the wait ends there.
+(Degraded, with its reason and message), so a stalled deploy says why. Where the operator says that
+nothing changes without the user (Progressing=False beside Degraded=True: a missing ConfigMap, a crash
+loop, a declared model the script does not bind, an image kubetriton cannot run in...), the wait ends
+there, with the cause and the last lines of the failing container's output.
 
 The pods counted are those of this deploy: their worker runs the spec's image and mounts the
 spec's script, so the pods of the previous script, still serving during a rollout, are not.
@@ -23,8 +25,6 @@ from kubetriton.operator.spec import PyTritonModel
 from pydantic import ValidationError
 
 POLL_SECONDS = 1.0
-TERMINAL_REASONS = (status.WORKER_IMAGE_UNSUPPORTED, status.APPLY_FAILED, status.INVALID_SPEC)
-"""Reasons that no waiting mends: the spec or the image has to change."""
 
 
 def condition(model: Mapping[str, Any], kind: str) -> dict[str, Any]:
@@ -114,6 +114,48 @@ def steps(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> dict[str, str
     return shown
 
 
+def _named(pods: list[dict[str, Any]], message: str) -> list[dict[str, Any]]:
+    """The pods that a condition's message is about (the operator begins it with `pod NAME:`)."""
+    return [pod for pod in pods if f"pod {pod['metadata']['name']}:" in message]
+
+
+def stalled(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The Degraded condition of a model that cannot get Ready without a change from the user, or None.
+
+    That is the operator's word on the current spec: Progressing=False beside Degraded=True. A cause in a
+    pod of an earlier spec, which the rollout replaces, is not this deploy's (a fixed script rolls out
+    while the broken one still crashes)."""
+    degraded = condition(model, status.DEGRADED)
+    if not observed(model) or degraded.get("status") != "True":
+        return None
+    if condition(model, status.PROGRESSING).get("status") != "False":
+        return None
+    about = _named(pods, degraded.get("message", ""))
+    mine = {pod["metadata"]["name"] for pod in current_pods(model, pods)}
+    if about and not any(pod["metadata"]["name"] in mine for pod in about):
+        return None
+    return degraded
+
+
+def error_output(pods: list[dict[str, Any]], message: str) -> list[str]:
+    """The last lines of what the failing container said as it exited (its termination message: the
+    script's traceback, or the launcher's one line), from the pod the message is about; the worker's
+    first. Empty when no container of it has exited with a message."""
+    for pod in _named(pods, message):
+        found = pod.get("status") or {}
+        containers = [*(found.get("containerStatuses") or []), *(found.get("initContainerStatuses") or [])]
+        for container in containers:
+            for state in (container.get("state") or {}, container.get("lastState") or {}):
+                said = ((state.get("terminated") or {}).get("message") or "").rstrip()
+                if said:
+                    lines = said.splitlines()[-status.ERROR_OUTPUT_LINES :]
+                    header = (
+                        f"the last lines of container {container['name']} of pod {pod['metadata']['name']}:"
+                    )
+                    return [header, *(f"  {line}" for line in lines)]
+    return []
+
+
 def still_missing(model: Mapping[str, Any]) -> str:
     """What the model is still waiting for, in a sentence."""
     name = model["metadata"]["name"]
@@ -135,27 +177,28 @@ def follow(
 ) -> dict[str, Any]:
     """Wait until the model is Ready and return it, showing each step as it changes.
 
-    Raises CommandError on a problem that no waiting mends, on timeout, or when the model goes."""
+    Raises CommandError once the model cannot get Ready without a change from the user (`stalled`), on
+    timeout, or when the model goes."""
     deadline = time.monotonic() + timeout
     shown: dict[str, str] = {}
     while True:
         model = cluster.get_model(name)
         if model is None:
             raise CommandError(f"model {name} was deleted while waiting for it")
-        for step, line in steps(model, cluster.pods(name)).items():
+        pods = cluster.pods(name)
+        for step, line in steps(model, pods).items():
             if shown.get(step) != line:
                 show(line)
                 shown[step] = line
         if is_ready(model):
             return model
-        degraded = condition(model, status.DEGRADED)
-        if (
-            observed(model)
-            and degraded.get("status") == "True"
-            and degraded.get("reason") in TERMINAL_REASONS
-        ):
+        cause = stalled(model, pods)
+        if cause is not None:
+            said = error_output(pods, cause.get("message", ""))
             raise CommandError(
-                f"{name} cannot become Ready: {degraded.get('reason')}: {degraded.get('message')}"
+                "\n".join(
+                    [f"{name} cannot become Ready: {cause.get('reason')}: {cause.get('message')}", *said]
+                )
             )
         if time.monotonic() >= deadline:
             raise CommandError(f"timed out after {timeout:g}s: {still_missing(model)}")

@@ -1,15 +1,23 @@
 """A model's status, computed from what its Deployment and pods report and what applying failed.
 
-Pure functions: the reconciler hands in the observed objects and its last failure to apply a child,
-and writes back what comes out. The reasons name the problem a user can act on (no GPU left, image
-not pulled, worker crashing, a child the API server refused) rather than the generic "not ready".
-A refused child keeps the model Degraded, whatever its pods do, until every child is applied.
+Pure functions: the reconciler hands in the observed objects, the warnings the cluster posted about the
+pods (mount failures, probe failures) and its last failure to apply a child, and writes back what comes
+out. The reasons name the problem a user can act on (no GPU left, a volume or a Secret missing, image
+not pulled, worker crashing, a declared model the script never binds, a child the API server refused)
+rather than the generic "not ready", and the message says which object, container or model it is.
+
+A problem sets Degraded. Where nothing changes without the user (a missing ConfigMap stays missing, a
+script that raised raises again), it also sets Progressing=False (Stalled): that is what `kubetriton
+deploy` stops waiting at. A problem the cluster may still mend (a worker restarted once, a mount that
+failed for a while) leaves Progressing=True. A refused child keeps the model Degraded, whatever its pods
+do, until every child is applied.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,30 +35,68 @@ def now() -> str:
 READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
+STALLED = "Stalled"
 
 INSUFFICIENT_GPU = "InsufficientGPU"
 UNSCHEDULABLE = "Unschedulable"
+VOLUME_NOT_BOUND = "VolumeNotBound"
+CONFIG_MAP_NOT_FOUND = "ConfigMapNotFound"
+SECRET_NOT_FOUND = "SecretNotFound"
+MOUNT_FAILED = "MountFailed"
+CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
+CONTAINER_ERROR = "CreateContainerError"
 CRASH_LOOP = "CrashLoopBackOff"
 WORKER_IMAGE_UNSUPPORTED = "WorkerImageUnsupported"
 NO_PYTHON = '"python3": executable file not found'
 """What the container runtime says when the launcher's `python3` is not in the worker image."""
+MODEL_NOT_BOUND = "ModelNotBound"
+MODEL_CONFIG_REJECTED = "ModelConfigRejected"
+CONFIG_ERROR_MARKER = "PyTritonModelConfigError: "
+"""How a traceback names the refusal of a model's configuration (by Triton, or by kubetriton before it)."""
+STARTUP_PROBE_FAILED = "StartupProbeFailed"
 MODEL_LOAD_FAILED = "ModelLoadFailed"
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
 APPLY_RETRYING = "ApplyRetrying"
 LOADING = "Loading"
 IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName")
+CRASH_LOOP_STALLED_RESTARTS = 2
+"""A container in CrashLoopBackOff restarted this often (three exits) is taken to fail for good."""
+ERROR_OUTPUT_LINES = 10
+"""The last lines of a container's termination message (its error output) that `kubetriton deploy` prints."""
 
 _SEVERITY = (
     INSUFFICIENT_GPU,
+    VOLUME_NOT_BOUND,
     UNSCHEDULABLE,
+    CONFIG_MAP_NOT_FOUND,
+    SECRET_NOT_FOUND,
+    MOUNT_FAILED,
     *IMAGE_PULL_REASONS,
+    CONTAINER_CONFIG_ERROR,
+    CONTAINER_ERROR,
     WORKER_IMAGE_UNSUPPORTED,
+    MODEL_NOT_BOUND,
+    MODEL_CONFIG_REJECTED,
+    STARTUP_PROBE_FAILED,
     CRASH_LOOP,
     MODEL_LOAD_FAILED,
     "ReplicaFailure",
     "ProgressDeadlineExceeded",
 )
+
+_NOT_FOUND = re.compile(r'\b(configmap|secret)s? "([^"]+)" not found', re.IGNORECASE)
+_KEY_NOT_FOUND = re.compile(r"couldn't find key (\S+) in (ConfigMap|Secret) (\S+)")
+_MISSING = {"configmap": (CONFIG_MAP_NOT_FOUND, "ConfigMap"), "secret": (SECRET_NOT_FOUND, "Secret")}
+_UNBOUND_CLAIMS = (
+    "unbound immediate PersistentVolumeClaims",
+    "didn't find available persistent volumes to bind",
+    'persistentvolumeclaim "',
+)
+"""What the scheduler says of a pod whose PersistentVolumeClaim is not bound, or does not exist."""
+_CONTAINER_FIELD = re.compile(r"spec\.(?:initContainers|containers)\{([^}]*)\}")
+STARTUP_PROBE_FAILURE = "Startup probe failed"
+"""How the kubelet's Unhealthy warning begins when a container's startup probe fails."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +105,8 @@ class Diagnosis:
 
     reason: str
     message: str
+    stalled: bool = True
+    """Nothing changes without the user (Progressing=False); otherwise the cluster may still mend it."""
 
 
 @dataclass(frozen=True)
@@ -70,29 +118,103 @@ class ApplyFailure:
     """No answer or a busy API server, rather than a refusal that the spec has to fix."""
 
 
+def pod_warning(event: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the status needs of an Event: a Warning about a pod (its reason, message, container and how
+    often it was seen), or None for any other Event."""
+    involved = event.get("involvedObject") or {}
+    if event.get("type") != "Warning" or involved.get("kind") != "Pod":
+        return None
+    container = _CONTAINER_FIELD.fullmatch(involved.get("fieldPath") or "")
+    return {
+        "reason": event.get("reason", ""),
+        "message": (event.get("message") or "").strip(),
+        "container": container.group(1) if container else "",
+        "count": event.get("count") or ((event.get("series") or {}).get("count")) or 1,
+    }
+
+
 def _container_statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     status = pod.get("status") or {}
     return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
 
 
+def _claims(pod: Mapping[str, Any]) -> list[str]:
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    return [
+        volume["persistentVolumeClaim"]["claimName"]
+        for volume in volumes
+        if volume.get("persistentVolumeClaim")
+    ]
+
+
 def scheduling_problem(pod: Mapping[str, Any], gpu_resource: str) -> Diagnosis | None:
-    """Why the pod cannot be scheduled (no GPU free, or another reason the scheduler gave), or None."""
+    """Why the pod cannot be scheduled (no GPU free, a volume claim not bound, or another reason the
+    scheduler gave), or None."""
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             message = condition.get("message", "")
             if f"Insufficient {gpu_resource}" in message or "Insufficient nvidia.com/" in message:
                 return Diagnosis(INSUFFICIENT_GPU, message)
+            if any(sign in message for sign in _UNBOUND_CLAIMS):
+                claims = ", ".join(_claims(pod)) or "of the pod"
+                return Diagnosis(
+                    VOLUME_NOT_BOUND,
+                    f"PersistentVolumeClaim {claims} is not bound to a volume (see kubectl describe pvc): "
+                    + message,
+                )
             return Diagnosis(UNSCHEDULABLE, message or condition.get("reason", ""))
     return None
+
+
+def _missing_object(text: str, where: str) -> Diagnosis | None:
+    """A ConfigMap or Secret (or a key of one) that the kubelet did not find, named."""
+    found = _NOT_FOUND.search(text)
+    if found:
+        reason, kind = _MISSING[found.group(1).lower()]
+        return Diagnosis(reason, f"{kind} {found.group(2)} does not exist ({where}: {text})")
+    key = _KEY_NOT_FOUND.search(text)
+    if key:
+        reason, kind = _MISSING[key.group(2).lower()]
+        return Diagnosis(reason, f"{kind} {key.group(3)} has no key {key.group(1)} ({where})")
+    return None
+
+
+def _started(pod: Mapping[str, Any]) -> bool:
+    """Whether a container of the pod has run: its volumes were mounted then."""
+    return any(
+        "running" in (container.get(field) or {}) or "terminated" in (container.get(field) or {})
+        for container in _container_statuses(pod)
+        for field in ("state", "lastState")
+    )
+
+
+def _mount_problem(pod: Mapping[str, Any], warnings: Sequence[Mapping[str, Any]]) -> Diagnosis | None:
+    """A volume the kubelet cannot mount, while no container could start because of it."""
+    if _started(pod):
+        return None
+    for warning in reversed(warnings):
+        if warning["reason"] in ("FailedMount", "FailedAttachVolume"):
+            missing = _missing_object(warning["message"], "a volume of the pod")
+            return missing or Diagnosis(MOUNT_FAILED, warning["message"], stalled=False)
+    return None
+
+
+def last_line(text: str) -> str:
+    """The last line of a termination message that says something (a traceback ends with its exception)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _exits(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The container's exits that its status still tells: the current one, then the previous."""
+    states = (container.get("state") or {}, container.get("lastState") or {})
+    return [state["terminated"] for state in states if state.get("terminated")]
 
 
 def _unsupported_image(container: Mapping[str, Any]) -> Diagnosis | None:
     """The launcher's refusal of the worker image (its exit status and one line), or an image without the
     `python3` that runs the launcher."""
-    if container.get("name") != WORKER_CONTAINER:
-        return None
-    for state in (container.get("state") or {}, container.get("lastState") or {}):
-        exit_ = state.get("terminated") or {}
+    for exit_ in _exits(container):
         message = exit_.get("message", "").strip()
         if exit_.get("exitCode") == podenv.UNSUPPORTED_IMAGE_EXIT_CODE and message:
             return Diagnosis(WORKER_IMAGE_UNSUPPORTED, message.splitlines()[-1])
@@ -104,35 +226,102 @@ def _unsupported_image(container: Mapping[str, Any]) -> Diagnosis | None:
     return None
 
 
-def _container_problem(container: Mapping[str, Any]) -> Diagnosis | None:
+def _script_refusal(container: Mapping[str, Any]) -> Diagnosis | None:
+    """What a worker that exited says the user has to change: a declared model its script does not bind,
+    or a model configuration refused."""
+    for exit_ in _exits(container):
+        message = exit_.get("message", "")
+        if exit_.get("exitCode") == podenv.MODEL_NOT_BOUND_EXIT_CODE and message.strip():
+            return Diagnosis(MODEL_NOT_BOUND, last_line(message))
+        refused = [line for line in message.splitlines() if CONFIG_ERROR_MARKER in line]
+        if refused:
+            return Diagnosis(MODEL_CONFIG_REJECTED, refused[-1].split(CONFIG_ERROR_MARKER, 1)[1].strip())
+    return None
+
+
+def _startup_killed(
+    container: Mapping[str, Any], warnings: Sequence[Mapping[str, Any]], startup_seconds: int
+) -> Diagnosis | None:
+    """A container restarted because its startup probe kept failing."""
+    name = container.get("name")
+    probed = [
+        warning
+        for warning in warnings
+        if warning["reason"] == "Unhealthy"
+        and warning["container"] == name
+        and warning["message"].startswith(STARTUP_PROBE_FAILURE)
+    ]
+    if not probed or not container.get("restartCount"):
+        return None
+    limit = f"spec.startupSeconds ({startup_seconds} s)" if name == WORKER_CONTAINER else "its startup probe"
+    return Diagnosis(
+        STARTUP_PROBE_FAILED,
+        f"container {name} did not start within {limit} and was stopped (restarts: "
+        f"{container['restartCount']}); raise spec.startupSeconds if the script takes longer to reach "
+        f"Triton() (last probe: {probed[-1]['message']})",
+    )
+
+
+def _container_problem(
+    container: Mapping[str, Any], warnings: Sequence[Mapping[str, Any]], startup_seconds: int
+) -> Diagnosis | None:
     name = container.get("name", "")
     waiting = (container.get("state") or {}).get("waiting") or {}
     last_exit = (container.get("lastState") or {}).get("terminated") or {}
     reason = waiting.get("reason")
+    detail = waiting.get("message", "") or reason or ""
     if reason in IMAGE_PULL_REASONS:
-        return Diagnosis(reason, f"container {name}: {waiting.get('message', reason)}")
-    unsupported = _unsupported_image(container)
-    if unsupported:
-        return unsupported
-    if reason == CRASH_LOOP:
-        detail = last_exit.get("message") or last_exit.get("reason") or waiting.get("message", "")
-        return Diagnosis(CRASH_LOOP, f"container {name} keeps exiting: {detail}".rstrip(": "))
-    if _worker_running_unready(container) and last_exit.get("exitCode"):
-        detail = last_exit.get("message") or f"exit code {last_exit['exitCode']}"
-        return Diagnosis(MODEL_LOAD_FAILED, f"the worker restarted and is not ready: {detail}")
-    return None
-
-
-def diagnose_pod(pod: Mapping[str, Any], gpu_resource: str) -> Diagnosis | None:
-    """The most telling problem of one pod, or None when nothing is wrong yet."""
-    found = scheduling_problem(pod, gpu_resource)
-    if found:
-        return found
-    for container in _container_statuses(pod):
-        found = _container_problem(container)
+        return Diagnosis(reason, f"container {name}: {detail}")
+    if reason == CONTAINER_CONFIG_ERROR:
+        missing = _missing_object(detail, f"container {name}")
+        return missing or Diagnosis(CONTAINER_CONFIG_ERROR, f"container {name}: {detail}")
+    if reason == CONTAINER_ERROR:
+        return Diagnosis(CONTAINER_ERROR, f"container {name}: {detail}")
+    if name == WORKER_CONTAINER:
+        found = _unsupported_image(container) or _script_refusal(container)
         if found:
             return found
+    killed = _startup_killed(container, warnings, startup_seconds)
+    if killed:
+        return killed
+    if reason == CRASH_LOOP:
+        restarts = container.get("restartCount", 0)
+        said = last_line(last_exit.get("message", "")) or last_exit.get("reason") or detail
+        exit_code = f" with code {last_exit['exitCode']}" if "exitCode" in last_exit else ""
+        return Diagnosis(
+            CRASH_LOOP,
+            f"container {name} exited{exit_code} {restarts + 1} times: {said}",
+            stalled=restarts >= CRASH_LOOP_STALLED_RESTARTS,
+        )
+    if _worker_running_unready(container) and last_exit.get("exitCode"):
+        said = last_line(last_exit.get("message", "")) or f"exit code {last_exit['exitCode']}"
+        return Diagnosis(MODEL_LOAD_FAILED, f"the worker restarted and is not ready: {said}", stalled=False)
     return None
+
+
+def diagnose_pod(
+    pod: Mapping[str, Any],
+    gpu_resource: str,
+    warnings: Sequence[Mapping[str, Any]] = (),
+    startup_seconds: int = 0,
+) -> Diagnosis | None:
+    """The most telling problem of one pod, or None when nothing is wrong yet; its message names the pod.
+    `warnings` are the cluster's Warning events about the pod (`pod_warning`), oldest first."""
+    found = (
+        scheduling_problem(pod, gpu_resource)
+        or _mount_problem(pod, warnings)
+        or next(
+            (
+                problem
+                for container in _container_statuses(pod)
+                if (problem := _container_problem(container, warnings, startup_seconds))
+            ),
+            None,
+        )
+    )
+    if found is None:
+        return None
+    return Diagnosis(found.reason, f"pod {pod['metadata']['name']}: {found.message}", found.stalled)
 
 
 def _worker_running_unready(container: Mapping[str, Any]) -> bool:
@@ -165,14 +354,26 @@ def _deployment_problem(deployment: Mapping[str, Any]) -> Diagnosis | None:
 
 
 def diagnose(
-    deployment: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]], gpu_resource: str
+    deployment: Mapping[str, Any] | None,
+    pods: Iterable[Mapping[str, Any]],
+    gpu_resource: str,
+    warnings: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    startup_seconds: int = 0,
 ) -> Diagnosis | None:
-    """The most severe problem among the pods and the Deployment."""
-    found = [diagnose_pod(pod, gpu_resource) for pod in sorted(pods, key=lambda p: p["metadata"]["name"])]
-    if deployment is not None:
-        found.append(_deployment_problem(deployment))
-    problems = [problem for problem in found if problem is not None]
-    return min(problems, key=lambda problem: _SEVERITY.index(problem.reason), default=None)
+    """The problem to report: of the newest pod that has one (in a rollout, the new pods' problem, not
+    the old ones'), the most severe of those created in the same second; else the Deployment's."""
+    found = []
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        problem = diagnose_pod(pod, gpu_resource, (warnings or {}).get(name, ()), startup_seconds)
+        if problem is not None:
+            found.append((pod["metadata"].get("creationTimestamp") or "", problem))
+    if found:
+        newest = max(created for created, _ in found)
+        problems = [problem for created, problem in found if created == newest]
+    else:
+        problems = [problem for problem in [_deployment_problem(deployment or {})] if problem]
+    return min(problems, key=lambda problem: (_SEVERITY.index(problem.reason), problem.message), default=None)
 
 
 def _condition(kind: str, true: bool, reason: str, message: str) -> dict[str, str]:
@@ -184,10 +385,17 @@ def _conditions(
     problem: Diagnosis | None,
     least_ready: int | None,
     loading_pods: list[str],
+    template_generation: int | None = None,
 ) -> list[dict[str, str]]:
     """Ready once the rollout is done and enough pods are ready: every wanted one, or at least
     `least_ready` (an autoscaled model's minimum) when that is given. Not ready for no problem but
-    workers still loading reads Loading."""
+    workers still loading reads Loading.
+
+    The rollout is done once the Deployment's status has seen the pod template last applied (its
+    generation then, `template_generation`; the Deployment's own when not known) and no pod of another
+    template is left. A change of the replica count alone (by an autoscaler) is no rollout: while the
+    Deployment's controller has not caught up with it, the count is what its status says, and a model
+    that was Ready stays Ready."""
     if deployment is None:
         return [
             _condition(READY, False, "Creating", "the Deployment does not exist yet"),
@@ -199,8 +407,8 @@ def _conditions(
     wanted = spec.get("replicas", 1)
     ready = status.get("readyReplicas", 0)
     updated = status.get("updatedReplicas", 0)
-    current = (deployment.get("metadata") or {}).get("generation", 0) <= status.get("observedGeneration", 0)
-    rolled_out = current and updated >= wanted and status.get("replicas", 0) == updated
+    applied = template_generation or (deployment.get("metadata") or {}).get("generation", 0)
+    rolled_out = applied <= status.get("observedGeneration", 0) and status.get("replicas", 0) == updated
     needed = wanted if least_ready is None else least_ready
     counts = f"{ready}/{max(wanted, needed)} replicas ready"
     if least_ready is not None:
@@ -221,8 +429,8 @@ def _conditions(
     settled = rolled_out and ready >= max(wanted, needed)
     if settled:
         progressing = _condition(PROGRESSING, False, "RolloutComplete", counts)
-    elif problem is not None:
-        progressing = _condition(PROGRESSING, False, "Stalled", problem.message)
+    elif problem is not None and problem.stalled:
+        progressing = _condition(PROGRESSING, False, STALLED, problem.message)
     else:
         progressing = _condition(PROGRESSING, True, "RollingOut", counts)
     return [
@@ -273,11 +481,16 @@ def summarize(
     deployment: Mapping[str, Any] | None,
     pods: Iterable[Mapping[str, Any]],
     failure: ApplyFailure | None = None,
+    warnings: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    template_generation: int | None = None,
 ) -> dict[str, Any]:
-    """The status of a model, without transition times and observedGeneration. Stopping pods are left
-    out: a draining worker is neither loading nor failing."""
+    """The status of a model, without transition times and observedGeneration; `warnings` are the
+    cluster's Warning events about each pod, by pod name (`pod_warning`), and `template_generation` the
+    Deployment's generation when its pod template was last applied. Stopping pods are left out: a
+    draining worker is neither loading nor failing."""
     pods = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
-    problem = diagnose(deployment, pods, model.spec.gpus.resource_name)
+    spec = model.spec
+    problem = diagnose(deployment, pods, spec.gpus.resource_name, warnings, spec.startup_seconds)
     deployment_status = (deployment or {}).get("status") or {}
     name, namespace = model.metadata.name, model.metadata.namespace or "default"
     ports = model.spec.service.ports
@@ -285,7 +498,7 @@ def summarize(
     if failure is not None and not failure.temporary:
         conditions = failure_conditions(APPLY_FAILED, failure.message)
     else:
-        conditions = _conditions(deployment, problem, least_ready, loading(pods))
+        conditions = _conditions(deployment, problem, least_ready, loading(pods), template_generation)
         if failure is not None:
             conditions = _retrying_conditions(conditions, failure)
     return {
