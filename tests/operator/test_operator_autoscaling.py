@@ -1,7 +1,8 @@
 """The operator's own autoscaler, running for real against the emulated API server.
 
-The emulator has no controllers: a stand-in for the ReplicaSet controller here keeps as many Ready
-pods as the Deployment asks for. Every pod's address leads to one real local Triton serving a model
+The emulator has no controllers: a stand-in for the Deployment's and the ReplicaSet's controllers here
+keeps as many Ready pods as the Deployment asks for, and reports them in the Deployment's status a moment
+after its spec changed, as they do. Every pod's address leads to one real local Triton serving a model
 that takes 20 ms per batch, so the signal the autoscaler reads is real: closed-loop clients make
 requests wait about one batch in Triton's queue, and without clients nothing waits.
 """
@@ -32,6 +33,7 @@ from test_operator_reconciler import (
     events,
     model_document,
     patch,
+    set_deployment_status,
     status_of,
     stored,
 )
@@ -97,15 +99,18 @@ def pod(name: str, model_name: str, ip: str, *, ready: bool = True, pending: str
 
 
 class ReplicaSets:
-    """Keeps `Ready` pods of a model in line with its Deployment's replicas, `ip` their address; with
-    `schedulable` set, pods beyond it stay Pending for want of a GPU."""
+    """Keeps `Ready` pods of a model in line with its Deployment's replicas, `ip` their address, and the
+    Deployment's status in line with them; with `schedulable` set, pods beyond it stay Pending for want
+    of a GPU."""
 
     def __init__(self, cluster: ClusterEmulator, model_name: str, ip: str = POD_IP) -> None:
         self.cluster, self.model_name, self.ip = cluster, model_name, ip
         self.schedulable: int | None = None
         self.pods: list[str] = []
+        self.pending: set[str] = set()
 
     async def run(self) -> None:
+        reported = None
         while True:
             wanted = replicas(self.cluster, self.model_name) or 0
             while len(self.pods) < wanted:
@@ -117,8 +122,18 @@ class ReplicaSets:
                     pod(name, self.model_name, self.ip, pending=GPU_SHORT if short else ""),
                 )
                 self.pods.append(name)
+                if short:
+                    self.pending.add(name)
             while len(self.pods) > wanted:
                 await delete(self.cluster, f"{PODS}/{self.pods.pop()}")
+            deployment = stored(self.cluster, CHILD_APIS["Deployment"], self.model_name)
+            ready = len(set(self.pods) - self.pending)
+            now = (deployment["metadata"]["generation"], len(self.pods), ready) if deployment else None
+            if now is not None and now != reported:
+                await set_deployment_status(
+                    self.cluster, self.model_name, ready=ready, replicas=len(self.pods)
+                )
+                reported = now
             await asyncio.sleep(0.05)
 
 
@@ -194,6 +209,17 @@ async def test_replicas_follow_the_queue_time_without_an_hpa(
         await eventually(lambda: replicas(cluster) == 1, timeout=30, message="a scale-down after the window")
         down = await eventually(lambda: events(cluster, autoscaler.SCALED_DOWN), message="an event")
         assert "4 → 1 replicas" in down[0]["message"]
+        await eventually(
+            lambda: status_of(cluster, "slow").get("readyReplicas") == 1, message="the scale-down reported"
+        )
+        # Every pod was Ready all along: the model became Ready once, and no event said otherwise.
+        said = sorted(
+            (event["reason"], event["message"])
+            for event in events(cluster)
+            if event["involvedObject"]["kind"] == "PyTritonModel"
+            and event["reason"] not in (autoscaler.SCALED_UP, autoscaler.SCALED_DOWN)
+        )
+        assert [reason for reason, _ in said] == ["AllReplicasReady"], said
         registry = CollectorRegistry()
         registry.register(operator.reconciler.autoscaler.collector())
         exposition = generate_latest(registry).decode()

@@ -549,6 +549,48 @@ async def test_pod_without_a_gpu_is_reported(cluster: ClusterEmulator, start_ope
     }
 
 
+async def test_a_pods_mount_failure_is_the_models_cause(
+    cluster: ClusterEmulator, start_operator: StartOperator
+):
+    """The kubelet cannot mount the script's ConfigMap: nothing about the pod changes, only a Warning
+    event names the ConfigMap, and the model's status says so, stalled; Events about other objects, and
+    Normal ones, are not kept."""
+    operator = await start_operator()
+    await create_model(cluster, model_document("esm1"))
+    await eventually(lambda: stored(cluster, CHILD_APIS["Deployment"], "esm1"))
+    pod = pod_document("esm1", {"phase": "Pending"})
+    await create(cluster, "/api/v1/namespaces/default/pods", pod)
+    await eventually(lambda: condition(cluster, "esm1", "Ready").get("reason") == "ReplicasNotReady")
+    involved = {"kind": "Pod", "name": pod["metadata"]["name"], "namespace": "default"}
+    mount = 'MountVolume.SetUp failed for volume "script" : configmap "no-such-cm" not found'
+    for kind, type_ in (("Pod", "Normal"), ("Service", "Warning"), ("Pod", "Warning")):
+        warning = {
+            "metadata": {"generateName": "esm1-", "namespace": "default"},
+            "type": type_,
+            "reason": "FailedMount",
+            "message": mount,
+            "involvedObject": {**involved, "kind": kind},
+        }
+        await create(cluster, "/api/v1/namespaces/default/events", warning)
+    degraded = await eventually(
+        lambda: (
+            condition(cluster, "esm1", "Degraded").get("reason") == "ConfigMapNotFound"
+            and condition(cluster, "esm1", "Degraded")
+        ),
+        message="ConfigMapNotFound",
+    )
+    assert degraded["message"].startswith(
+        f"pod {pod['metadata']['name']}: ConfigMap no-such-cm does not exist"
+    )
+    assert condition(cluster, "esm1", "Progressing")["reason"] == "Stalled"
+    index = operator.reconciler.indices[reconciler.POD_WARNINGS_INDEX]
+    assert [warning["reason"] for key in list(index.keys()) for warning in index[key]] == ["FailedMount"]
+    event_watches = [
+        r for r in cluster if r.resource and r.resource.plural == "events" and r.params.get("watch")
+    ]
+    assert {r.params.get("fieldSelector") for r in event_watches} == {"type=Warning"}
+
+
 async def test_bad_spec_is_reported_and_the_operator_carries_on(
     cluster: ClusterEmulator, start_operator: StartOperator
 ):
