@@ -642,6 +642,17 @@ async def test_status_lists_models_and_describes_one(
     assert lines[pods + 2].split()[:4] == [pod["metadata"]["name"], "0/1", "ImagePullBackOff", "1"]
     assert lines[pods + 2].split()[-3:] == ["-", "-", "-"], "a pod that is not Ready is not read"
 
+    assert (await kubetriton(capsys, "status", "--wait")).err == "error: --wait needs a model NAME\n"
+    cause = f"pod {pod['metadata']['name']}: container worker: Back-off pulling image"
+    stalled = {"type": "Progressing", "status": "False", "reason": "Stalled", "message": cause}
+    degraded = {"type": "Degraded", "status": "True", "reason": "ImagePullBackOff", "message": cause}
+    conditions = {"conditions": [status["conditions"][0], stalled, degraded]}
+    await patch(cluster, MODELS.format(ns="default") + "/lengths/status", {"status": conditions})
+    waited = await kubetriton(capsys, "status", "lengths", "--wait", "--timeout", "30s")
+    assert waited.code == 1
+    assert waited.out.splitlines()[0] == "waiting for lengths to be Ready (timeout 30s)"
+    assert waited.err == f"error: lengths cannot become Ready: ImagePullBackOff: {cause}\n"
+
 
 @pytest.mark.asyncio
 async def test_delete_removes_the_model_and_says_when_there_is_none(

@@ -5,7 +5,9 @@ condition's reason and message, which say what a model waits for or what keeps i
 With a name, the one model in detail: what it runs, its conditions, addresses and pods, and for each
 Ready pod the requests its Triton answered since it started, their share of all the pods', and their
 average wait in Triton's queue (read from each pod's metrics through the API server's pod proxy), so
-that a pod that takes more than its share, or one that takes none, shows.
+that a pod that takes more than its share, or one that takes none, shows. With `--wait`, first follow
+the model until it is Ready, as `kubetriton deploy` does, for a model applied otherwise (`kubectl
+apply`): it stops, non-zero, where the model cannot get Ready without a change.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubetriton import podenv
-from kubetriton.operator import connection, rollout, signals, status
+from kubetriton.operator import connection, deploy, rollout, signals, status
 from kubetriton.operator.connection import Cluster, age
 from kubetriton.operator.spec import GROUP, PLURAL, VERSION
 
@@ -31,6 +33,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     connection.add_arguments(parser)
     parser.add_argument(
         "-A", "--all-namespaces", action="store_true", help="list the models of every namespace"
+    )
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait until the model NAME is Ready, showing its progress; exit non-zero where it cannot get "
+        "Ready without a change",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=deploy.duration,
+        default=deploy.duration(deploy.DEFAULT_TIMEOUT),
+        help=f"with --wait: how long to wait, e.g. 90s, 5m (default: {deploy.DEFAULT_TIMEOUT})",
     )
 
 
@@ -229,11 +243,17 @@ def read_loads(cluster: Cluster, model: Mapping[str, Any], pods: list[dict[str, 
 
 
 def _show(args: argparse.Namespace) -> int:
+    if args.wait and args.name is None:
+        raise connection.CommandError("--wait needs a model NAME")
     cluster = connection.connect(args)
     if args.name is None:
         return _list(cluster, args.all_namespaces)
     if args.all_namespaces:
         raise connection.CommandError("a model NAME cannot be looked up with --all-namespaces; use -n")
+    if args.wait:
+        cluster.require_model(args.name)
+        print(f"waiting for {args.name} to be Ready (timeout {args.timeout:g}s)")
+        rollout.follow(cluster, args.name, args.timeout, print)
     model = cluster.require_model(args.name)
     pods = cluster.pods(args.name)
     print(describe(model, pods, read_loads(cluster, model, pods)))

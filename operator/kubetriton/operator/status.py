@@ -235,7 +235,8 @@ def _script_refusal(container: Mapping[str, Any]) -> Diagnosis | None:
             return Diagnosis(MODEL_NOT_BOUND, last_line(message))
         refused = [line for line in message.splitlines() if CONFIG_ERROR_MARKER in line]
         if refused:
-            return Diagnosis(MODEL_CONFIG_REJECTED, refused[-1].split(CONFIG_ERROR_MARKER, 1)[1].strip())
+            said = refused[-1].split(CONFIG_ERROR_MARKER, 1)[1].strip()
+            return Diagnosis(MODEL_CONFIG_REJECTED, f"{said} (the log of container triton says why)")
     return None
 
 
