@@ -588,7 +588,7 @@ async def test_a_pods_mount_failure_is_the_models_cause(
     event_watches = [
         r for r in cluster if r.resource and r.resource.plural == "events" and r.params.get("watch")
     ]
-    assert {r.params.get("fieldSelector") for r in event_watches} == {"type=Warning"}
+    assert {r.params.get("fieldSelector") for r in event_watches} == {"involvedObject.kind=Pod,type=Warning"}
 
 
 async def test_bad_spec_is_reported_and_the_operator_carries_on(

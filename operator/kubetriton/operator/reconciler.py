@@ -104,8 +104,8 @@ ALL_INDEXES = (
     *INDEXES.values(),
 )
 EVENTS = ("v1", "events")
-WARNINGS_ONLY = "type=Warning"
-"""The API server sends the operator only the Events that warn; those about pods are kept."""
+POD_WARNINGS_ONLY = "involvedObject.kind=Pod,type=Warning"
+"""The API server sends the operator only the Events that warn about pods."""
 MODEL_HANDLER, CRD_HANDLER, WARNING_HANDLER = "model", "crd", "warning"
 WATCH_HANDLERS = (MODEL_HANDLER, CRD_HANDLER, WARNING_HANDLER, *(kind.plural for kind in INDEXES))
 """The ids of the handlers that kopf calls for every watch event of what they watch."""
@@ -139,7 +139,7 @@ def operator_settings() -> kopf.OperatorSettings:
     managed = ",".join(f"{key}={value}" for key, value in CHILD_LABELS.items())
     for kind in INDEXES:
         settings.watching.label_selectors[kind.resource] = managed
-    settings.watching.field_selectors[EVENTS] = WARNINGS_ONLY
+    settings.watching.field_selectors[EVENTS] = POD_WARNINGS_ONLY
     settings.posting.level = logging.WARNING
     settings.scanning.disabled = False
     return settings
