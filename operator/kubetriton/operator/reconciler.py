@@ -745,11 +745,12 @@ class Reconciler:
         owner: Mapping[str, Any], before: list[dict[str, Any]], after: list[dict[str, Any]]
     ) -> None:
         """An event when the model becomes ready or stops being ready, and a warning for each new
-        problem; not for the steps in between (creating, rolling out)."""
+        problem; not for the steps in between (creating, rolling out). A model whose first status is
+        Ready (its pods were ready before the operator first wrote it) becomes ready then."""
         old = next((c for c in before if c.get("type") == status.READY), {})
         new = next(c for c in after if c["type"] == status.READY)
         degraded = next(c for c in after if c["type"] == status.DEGRADED)["status"] == "True"
-        became = old.get("status") not in (None, new["status"])
+        became = old.get("status", "False") != new["status"]
         new_problem = degraded and old.get("reason") != new["reason"]
         if became or new_problem:
             message = new["message"] or new["reason"]
