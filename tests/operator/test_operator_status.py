@@ -623,6 +623,19 @@ CAUSES = [
         ("CrashLoopBackOff", True, "container worker exited with code 1 3 times: RuntimeError: boom"),
     ),
     (
+        "a script that raises while its startup probe fails is no slow load",
+        stuck(
+            waiting_pod(
+                "worker",
+                "CrashLoopBackOff",
+                last={"exitCode": 1, "message": "Traceback (most recent call last):\nRuntimeError: boom"},
+                restarts=2,
+            ),
+            event("Unhealthy", PROBE, container="worker"),
+        ),
+        ("CrashLoopBackOff", True, "container worker exited with code 1 3 times: RuntimeError: boom"),
+    ),
+    (
         "an image that cannot be pulled",
         stuck(waiting_pod("worker", "ImagePullBackOff", 'Back-off pulling image "nope:1"')),
         ("ImagePullBackOff", True, 'container worker: Back-off pulling image "nope:1"'),

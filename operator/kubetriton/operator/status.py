@@ -97,6 +97,8 @@ _UNBOUND_CLAIMS = (
 _CONTAINER_FIELD = re.compile(r"spec\.(?:initContainers|containers)\{([^}]*)\}")
 STARTUP_PROBE_FAILURE = "Startup probe failed"
 """How the kubelet's Unhealthy warning begins when a container's startup probe fails."""
+STOPPED_EXIT_CODES = (128 + 9, 128 + 15)
+"""A container's exit status when the kubelet stopped it: SIGKILL, or SIGTERM that the launcher ends on."""
 
 
 @dataclass(frozen=True)
@@ -243,7 +245,8 @@ def _script_refusal(container: Mapping[str, Any]) -> Diagnosis | None:
 def _startup_killed(
     container: Mapping[str, Any], warnings: Sequence[Mapping[str, Any]], startup_seconds: int
 ) -> Diagnosis | None:
-    """A container restarted because its startup probe kept failing."""
+    """A container restarted because its startup probe kept failing: its last exit was the kubelet's
+    signal, not the process's own (a script that raises while its probe fails exits with its own status)."""
     name = container.get("name")
     probed = [
         warning
@@ -252,7 +255,9 @@ def _startup_killed(
         and warning["container"] == name
         and warning["message"].startswith(STARTUP_PROBE_FAILURE)
     ]
-    if not probed or not container.get("restartCount"):
+    last_exit = (container.get("lastState") or {}).get("terminated") or {}
+    stopped = last_exit.get("exitCode") in STOPPED_EXIT_CODES and last_exit.get("reason") != "OOMKilled"
+    if not probed or not container.get("restartCount") or not stopped:
         return None
     limit = f"spec.startupSeconds ({startup_seconds} s)" if name == WORKER_CONTAINER else "its startup probe"
     return Diagnosis(
