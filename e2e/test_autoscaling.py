@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import calendar
 import itertools
+import json
 import os
 import statistics
 import time
@@ -58,6 +59,29 @@ class Watch(Poller):
         """How often the Deployment's replicas changed between the two times."""
         counts = [replicas for at, _, replicas in self.seen if since <= at <= until]
         return sum(1 for before, after in itertools.pairwise(counts) if before != after)
+
+
+READY_REASONS = ("AllReplicasReady", "MinReplicasReady")
+
+
+def contradictions(name: str, namespace: str) -> tuple[list[tuple[str, str, str]], list[tuple]]:
+    """The model's own events that announce it Ready or not (time, reason, message), oldest first, and
+    each pair of them written in the same second that says opposite things."""
+    listed = kubectl(
+        "get", "events", "-n", namespace, "-o", "json",
+        "--field-selector", f"involvedObject.kind=PyTritonModel,involvedObject.name={name}",
+    )  # fmt: skip
+    said = sorted(
+        (event.get("lastTimestamp") or event.get("eventTime") or "", event["reason"], event["message"])
+        for event in json.loads(listed)["items"]
+        if event["reason"] not in ("ScaledUp", "ScaledDown")
+    )
+    opposite = [
+        (before, after)
+        for before, after in itertools.pairwise(said)
+        if before[0][:19] == after[0][:19] and (before[1] in READY_REASONS) != (after[1] in READY_REASONS)
+    ]
+    return said, opposite
 
 
 def _follow(timeline: Timeline, until: Any, limit_s: float) -> list[Sample]:
@@ -128,6 +152,9 @@ def test_replicas_follow_the_queue_time_up_and_down_without_a_failed_request(
     assert samples[-1].replicas == 1, "the replicas fell back to minReplicas once the load was removed"
     for protocol, counts in failures.items():
         assert counts["ok"] > 0 and counts["failed"] == 0, (protocol, counts)
+    said, opposite = contradictions(model_name, namespace)
+    print("the model's Ready events, through the scale-up to 12 and back to 1:", *said, sep="\n  ")
+    assert not opposite, "no two events in one second say opposite things"
 
 
 @pytest.mark.parametrize(
