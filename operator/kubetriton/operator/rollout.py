@@ -115,8 +115,8 @@ def steps(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> dict[str, str
 
 
 def _named(pods: list[dict[str, Any]], message: str) -> list[dict[str, Any]]:
-    """The pods that a condition's message is about (the operator begins it with `pod NAME:`)."""
-    return [pod for pod in pods if f"pod {pod['metadata']['name']}:" in message]
+    """The pods that a condition's message is about (`status.about_pod`)."""
+    return [pod for pod in pods if status.about_pod(pod["metadata"]["name"]) in message]
 
 
 def stalled(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any] | None:

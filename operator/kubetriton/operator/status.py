@@ -327,7 +327,12 @@ def diagnose_pod(
     )
     if found is None:
         return None
-    return Diagnosis(found.reason, f"pod {pod['metadata']['name']}: {found.message}", found.stalled)
+    return Diagnosis(found.reason, about_pod(pod["metadata"]["name"]) + found.message, found.stalled)
+
+
+def about_pod(name: str) -> str:
+    """How a problem's message begins: the pod it is about."""
+    return f"pod {name}: "
 
 
 def _worker_running_unready(container: Mapping[str, Any]) -> bool:
