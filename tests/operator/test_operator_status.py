@@ -672,6 +672,15 @@ def test_only_warnings_about_pods_are_kept() -> None:
     assert status.pod_warning(event("ModelLoadFailed", "1/2 replicas ready", kind="PyTritonModel")) is None
 
 
+def test_a_mount_that_failed_once_for_a_passing_reason_is_no_cause_yet() -> None:
+    once = event(
+        "FailedMount", 'MountVolume.SetUp failed for volume "script" : failed to sync configmap cache'
+    )
+    pod, warnings = stuck(INITIALIZING, {**once, "count": 1})
+    ready = status.summarize(MODEL, deployment(), [pod], warnings={"esm1-x": warnings})["conditions"][0]
+    assert ready["reason"] == "ReplicasNotReady"
+
+
 def test_a_mount_warning_from_before_the_volume_mounted_is_forgotten() -> None:
     pod, warnings = stuck(
         waiting_pod("worker", "", running=True),

@@ -95,6 +95,9 @@ _UNBOUND_CLAIMS = (
 )
 """What the scheduler says of a pod whose PersistentVolumeClaim is not bound, or does not exist."""
 _CONTAINER_FIELD = re.compile(r"spec\.(?:initContainers|containers)\{([^}]*)\}")
+MOUNT_RETRIES = 3
+"""How often the kubelet failed to mount a volume, for a reason other than a missing object, before the
+status names it."""
 STARTUP_PROBE_FAILURE = "Startup probe failed"
 """How the kubelet's Unhealthy warning begins when a container's startup probe fails."""
 STOPPED_EXIT_CODES = (128 + 9, 128 + 15)
@@ -191,13 +194,16 @@ def _started(pod: Mapping[str, Any]) -> bool:
 
 
 def _mount_problem(pod: Mapping[str, Any], warnings: Sequence[Mapping[str, Any]]) -> Diagnosis | None:
-    """A volume the kubelet cannot mount, while no container could start because of it."""
+    """A volume the kubelet cannot mount, while no container could start because of it: a ConfigMap or
+    Secret that does not exist at once, any other failure once the kubelet has retried it (a pod's first
+    mount often fails once, "failed to sync configmap cache", and succeeds a second later)."""
     if _started(pod):
         return None
     for warning in reversed(warnings):
         if warning["reason"] in ("FailedMount", "FailedAttachVolume"):
             missing = _missing_object(warning["message"], "a volume of the pod")
-            return missing or Diagnosis(MOUNT_FAILED, warning["message"], stalled=False)
+            if missing or warning["count"] >= MOUNT_RETRIES:
+                return missing or Diagnosis(MOUNT_FAILED, warning["message"], stalled=False)
     return None
 
 
