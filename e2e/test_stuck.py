@@ -240,6 +240,11 @@ def test_a_stuck_model_says_why_and_the_wait_ends(
             time.sleep(POLL_S)
         output, _ = waiting.communicate(timeout=60)
         exited_at = time.monotonic()
+        # the command may have seen the cause between two of these polls: then it was there by its exit
+        if shown_at is None and (shown := pods_show_a_problem(name, namespace)):
+            shown_at = exited_at
+        if degraded_at is None and (found := degraded(cluster, name, namespace)).get("reason") == case.reason:
+            degraded_at, cause = exited_at, found["message"]
         pods = kubectl("get", "pods", "-n", namespace, "-l", f"{INSTANCE_LABEL}={name}", "-o", "wide")
     finally:
         if waiting.poll() is None:
