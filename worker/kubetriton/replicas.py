@@ -156,6 +156,8 @@ class ReplicaSet:
         self._replicas: dict[str, Replica] = {}
         self._resolved_at: float | None = None
         self._refreshing = False
+        self.changes = 0
+        """How often the replicas changed: a client closes connections to departed ones only then."""
 
     @property
     def resolved(self) -> bool:
@@ -233,6 +235,8 @@ class ReplicaSet:
             if self._replicas and not set(hosts) <= self._replicas.keys():
                 for replica in self._replicas.values():
                     replica.forget()
+            if set(hosts) != self._replicas.keys():
+                self.changes += 1
             self._replicas = {host: self._replicas.get(host) or Replica(host) for host in hosts}
 
     def _refresh_in_background(self) -> None:

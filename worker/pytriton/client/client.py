@@ -224,6 +224,7 @@ class ModelClient(BaseModelClient):
             else None
         )
         self._replica_transports: dict[str, _Transport] = {}
+        self._replicas_seen = 0
         if not lazy_init:
             try:
                 self._initialize()
@@ -382,7 +383,10 @@ class ModelClient(BaseModelClient):
 
     def _close_departed(self, replicas: ReplicaSet) -> None:
         """Close the connections to replicas that left the name's answer: a stopping pod then sees its
-        clients go as soon as their requests are answered."""
+        clients go as soon as their requests are answered. Looked at only when the replicas changed."""
+        if replicas.changes == self._replicas_seen:
+            return
+        self._replicas_seen = replicas.changes
         for host in self._replica_transports.keys() - replicas.hosts():
             self._replica_transports.pop(host).close()
 
