@@ -11,9 +11,9 @@ model would, through the router's Service. Two modes:
   through the router, as many straight to the pods (their addresses from PODS, the name of the model's
   headless Service), over HTTP and then over gRPC. Prints one JSON line: each path's p50 and p90 in
   milliseconds, and the router's added p50 per protocol. The direct requests go to the pods one each in
-  turn, as the router sends them when the pods are idle: a pod answers a request that follows its own
-  last answer faster (0.4-0.5 ms on the kit) than one that follows its neighbours', so a path that sent
-  each pod many requests in a row would be compared with an easier load than the router's.
+  turn, as the router sends them when the pods are idle: a request that follows a pod's last answer
+  closely is answered 0.4-0.5 ms faster (on the kit) than one that comes after ~20 ms idle, so a path
+  that sent each pod many requests in a row would be compared with an easier load than the router's.
 """
 
 from __future__ import annotations
