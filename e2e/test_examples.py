@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kubetriton.operator import naming
 from pytriton.client import ModelClient
 
 from e2e import loadgen
@@ -80,7 +81,9 @@ def test_example_serves_and_goes_away(
         assert ready["status"]["readyReplicas"] >= wanted
 
         children = cluster.children(name, namespace)
-        assert children.get("Deployment") == [name] and children.get("Service") == [name], children
+        services = sorted([name, naming.child_name(name, naming.PODS_SUFFIX)])  # the Service and the pods'
+        assert children.get("Deployment") == [name], children
+        assert sorted(children.get("Service", [])) == services, children
         assert ("PodDisruptionBudget" in children) == (wanted > 1)
         assert ("HorizontalPodAutoscaler" in children) == ("autoscaling" in spec)
 
