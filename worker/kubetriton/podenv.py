@@ -10,6 +10,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pytriton import settings
+
 TRITON_VERSION = "2.51.0"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 """The stock Triton image for the sidecar; 24.10 ships Triton 2.51, the version used in local mode."""
@@ -114,9 +116,8 @@ GRPC_RESTRICTED_PREFIX = "triton-grpc-protocol-"
 ACCESS_TOKEN_HEADER = "triton-access-token"
 """The header that carries a `TritonSecurityConfig`'s access token (over gRPC, Triton reads it from the
 metadata `triton-grpc-protocol-triton-access-token`)."""
-DEFAULT_PROTECTED_ENDPOINTS = ("shared-memory", "model-repository", "statistics", "trace", "logging")
-"""The Triton endpoints that need the access token unless a `TritonSecurityConfig` says otherwise, as in
-PyTriton 0.7. The model-repository API is always restricted, by the repository token alone."""
+DEFAULT_PROTECTED_ENDPOINTS = tuple(settings.DEFAULT_PROTECTED_ENDPOINTS)
+"""What the sidecar protects with the pod's access token: what `TritonSecurityConfig()` protects."""
 DEFAULT_CACHE_CONFIG = "local,size=16777216"
 """Triton's response cache, local and 16 MiB, in local mode and in the sidecar alike, so that a model bound
 with `ModelConfig(response_cache=True)` is cached in both unless the user configures the cache."""

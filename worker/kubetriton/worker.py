@@ -36,8 +36,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import zmq
 import zmq.utils.monitor
-from pytriton.decorators import TritonContext, use_triton_context
 from pytriton.exceptions import PyTritonModelConfigError, PyTritonUnrecoverableError, PyTritonValidationError
+from pytriton.proxy.context import TritonContext, use_triton_context
 from pytriton.proxy.types import Request
 
 from kubetriton.model_repository import ModelSpec

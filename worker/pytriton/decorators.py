@@ -27,11 +27,9 @@ too, so a callable behaves the same whatever the batch looks like.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import functools
 import inspect
-import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -39,8 +37,9 @@ import numpy as np
 from kubetriton.transport import join_adjacent
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
-from pytriton.model_config import ModelConfig, Tensor
+from pytriton.model_config import Tensor
 from pytriton.model_config.tensor import shape_fits
+from pytriton.proxy.context import ACTIVE_CONTEXT, TritonContext, active_context, use_triton_context
 from pytriton.proxy.types import Request
 
 __all__ = [
@@ -74,56 +73,6 @@ TRITON_CONTEXT_FIELD_NAME = "triton_context"
 """The keyword argument `@triton_context` adds; no input may have this name."""
 
 
-@dataclasses.dataclass(frozen=True)
-class TritonContext:
-    """What a callable may know about the model it serves and the call it is in.
-
-    `model_config` is None when the callable runs outside a bound model (a direct call without
-    `use_triton_context`). `parameters` holds the request parameters of the current call.
-    """
-
-    model_name: str = ""
-    model_config: ModelConfig | None = None
-    inputs: tuple[Tensor, ...] = ()
-    outputs: tuple[Tensor, ...] = ()
-    parameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-    @property
-    def output_names(self) -> list[str]:
-        return [str(tensor.name) for tensor in self.outputs]
-
-
-_ACTIVE: contextvars.ContextVar[TritonContext | None] = contextvars.ContextVar(
-    "pytriton_context", default=None
-)
-
-
-class use_triton_context:
-    """Make `context` the model context of the decorated callables called inside the block.
-
-    A class (named as PyTriton's function) rather than a generator-based context manager, so that entering
-    it costs little."""
-
-    __slots__ = ("_context", "_token")
-
-    def __init__(self, context: TritonContext) -> None:
-        self._context = context
-
-    def __enter__(self) -> TritonContext:
-        self._token = _ACTIVE.set(self._context)
-        return self._context
-
-    def __exit__(self, *exc_info: object) -> None:
-        _ACTIVE.reset(self._token)
-
-
-_NO_CONTEXT = TritonContext(parameters=types.MappingProxyType({}))
-
-
-def _active_context() -> TritonContext:
-    return _ACTIVE.get() or _NO_CONTEXT
-
-
 def _with_parameters(context: TritonContext, parameters: Mapping[str, Any]) -> TritonContext:
     if parameters == context.parameters:
         return context
@@ -132,13 +81,13 @@ def _with_parameters(context: TritonContext, parameters: Mapping[str, Any]) -> T
 
 def _invoke(context: TritonContext, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call `func` with `context` active, so decorators below it see the context of this call."""
-    if _ACTIVE.get() is context:  # the model's own, as for every call whose requests carry no parameters
+    if ACTIVE_CONTEXT.get() is context:  # the model's own: every call whose requests carry no parameters
         return func(*args, **kwargs)
-    token = _ACTIVE.set(context)
+    token = ACTIVE_CONTEXT.set(context)
     try:
         return func(*args, **kwargs)
     finally:
-        _ACTIVE.reset(token)
+        ACTIVE_CONTEXT.reset(token)
 
 
 def _map_result(result: Any, transform: Callable[[Any], Any]) -> Any:
@@ -306,7 +255,7 @@ def batch(func: Callable[..., Any]) -> Callable[..., Any]:
                 )
         inputs = {name: _concatenate(name, [request[name] for request in requests]) for name in names}
         sizes = [get_inference_request_batch_size(request) for request in requests]
-        context = _with_parameters(_active_context(), _shared_parameters(requests))
+        context = _with_parameters(active_context(), _shared_parameters(requests))
 
         def split(result: Any) -> list[dict[str, Any] | Request]:
             outputs, positional = _named_outputs(result, context, "batch")
@@ -349,7 +298,7 @@ def triton_context(func: Callable[..., Any]) -> Callable[..., Any]:
                 f"@triton_context cannot pass '{TRITON_CONTEXT_FIELD_NAME}': "
                 "the call already has an argument of that name"
             )
-        return func(*args, **kwargs, **{TRITON_CONTEXT_FIELD_NAME: _active_context()})
+        return func(*args, **kwargs, **{TRITON_CONTEXT_FIELD_NAME: active_context()})
 
     return wrapper
 
@@ -412,7 +361,7 @@ def sample(func: Callable[..., Any]) -> Callable[..., Any]:
         leading, requests = _requests_argument(args, "sample")
         if not requests:
             return []
-        base = _active_context()
+        base = active_context()
 
         def call(request: Mapping[str, Any]) -> Callable[[], Any]:
             clashing = sorted(set(request.keys()) & set(kwargs))
@@ -446,7 +395,7 @@ def group_by_keys(func: Callable[..., Any]) -> Callable[..., Any]:
             groups.setdefault(frozenset(request.keys()), []).append(index)
         if len(groups) <= 1:
             return func(*args, **kwargs)
-        context = _active_context()
+        context = active_context()
 
         def call(indices: list[int]) -> Callable[[], Any]:
             group = [requests[index] for index in indices]
@@ -568,7 +517,7 @@ def group_by_values(
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             inputs = _batched_inputs(kwargs, "group_by_values")
-            context = _active_context()
+            context = active_context()
             _check_declared(keys, context, "group_by_values")
             present = [key for key in keys if key in inputs]
             batch_size = get_inference_request_batch_size(inputs)
@@ -656,7 +605,7 @@ def fill_optionals(**defaults: np.ndarray) -> Callable[[Callable[..., Any]], Cal
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             leading, requests = _requests_argument(args, "fill_optionals")
-            context = _active_context()
+            context = active_context()
             check(context)
             batching = context.model_config is None or context.model_config.batching
             filled = []
@@ -701,7 +650,7 @@ def pad_batch(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         inputs = _batched_inputs(kwargs, "pad_batch")
-        config = _active_context().model_config
+        config = active_context().model_config
         if config is None or not config.batching:
             raise PyTritonValidationError(
                 "@pad_batch needs the batch sizes of a batching model; call it with a model context active"
@@ -762,7 +711,7 @@ def first_value(
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            context = _active_context()
+            context = active_context()
             if context.model_config is not None and not context.model_config.batching:
                 raise PyTritonValidationError(
                     "@first_value needs a model with batching; its inputs have no batch axis"

@@ -14,14 +14,12 @@ import dataclasses
 import inspect
 import logging
 import os
-import re
 import secrets
 import signal
 import tempfile
 import threading
 import time
-import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,25 +54,35 @@ from pytriton.exceptions import (
     PyTritonValidationError,
 )
 from pytriton.model_config import ModelConfig, Tensor
+from pytriton.settings import (
+    DEFAULT_PROTECTED_ENDPOINTS,
+    ENV_CONFIG_PREFIX,
+    VALID_TRITON_ENDPOINTS,
+    DefaultTritonLifecyclePolicy,
+    TritonConfig,
+    TritonLifecyclePolicy,
+    TritonSecurityConfig,
+    VertextAILifecyclePolicy,
+    given_access_token,
+    is_default_security,
+)
+
+__all__ = [
+    "DEFAULT_PROTECTED_ENDPOINTS",
+    "ENV_CONFIG_PREFIX",
+    "TRITON_ACCESS_HEADER",
+    "VALID_TRITON_ENDPOINTS",
+    "DefaultTritonLifecyclePolicy",
+    "RemoteTriton",
+    "Triton",
+    "TritonConfig",
+    "TritonLifecyclePolicy",
+    "TritonSecurityConfig",
+    "VertextAILifecyclePolicy",
+]
 
 LOGGER = logging.getLogger(__name__)
 
-ENV_CONFIG_PREFIX = "PYTRITON_TRITON_CONFIG_"
-VALID_TRITON_ENDPOINTS = frozenset(
-    {
-        "health",
-        "metadata",
-        "inference",
-        "shared-memory",
-        "model-config",
-        "model-repository",
-        "statistics",
-        "trace",
-        "logging",
-    }
-)
-"""The endpoint groups Triton can restrict (its `--http-restricted-api` and `--grpc-restricted-protocol`)."""
-DEFAULT_PROTECTED_ENDPOINTS = list(podenv.DEFAULT_PROTECTED_ENDPOINTS)
 TRITON_ACCESS_HEADER = podenv.ACCESS_TOKEN_HEADER
 SIDECAR_WAIT_S = 600.0
 SUPERVISOR_WAIT_S = 300.0
@@ -101,255 +109,6 @@ DEFAULT_CACHE_CONFIG = [podenv.DEFAULT_CACHE_CONFIG]
 """Local mode enables Triton's response cache (16 MiB) unless `cache_config` says otherwise; only models
 bound with `ModelConfig(response_cache=True)` use it."""
 LOAD_ERROR_LOG_LINES = 200
-
-
-@dataclasses.dataclass(kw_only=True)
-class TritonConfig:
-    """Settings of the Triton server, PyTriton 0.7's fields with Triton's meanings; each reaches
-    `tritonserver` as the argument of the same name (`grpc_use_ssl` is `--grpc-use-ssl`). A field left
-    `None` keeps Triton's default, or kubetriton's where it has one (ports 8000-8002, strict readiness,
-    a 16 MiB response cache). Keyword arguments only, as in PyTriton.
-
-    Every field can also come from the environment (see `from_env`); a value given here wins. In a pod
-    the server is the sidecar, whose arguments come from the PyTritonModel: there only `log_verbose` is
-    accepted (kubetriton sets it through Triton's logging API), the other fields are refused.
-    """
-
-    model_repository: Path | None = None
-    id: str | None = None
-    log_verbose: int | None = None
-    log_file: Path | None = None
-    exit_timeout_secs: int | None = None
-    exit_on_error: bool | None = None
-    strict_readiness: bool | None = None
-    allow_http: bool | None = None
-    http_address: str | None = None
-    http_port: int | None = None
-    http_header_forward_pattern: str | None = None
-    http_thread_count: int | None = None
-    http_restricted_api: str | None = None
-    allow_grpc: bool | None = None
-    grpc_address: str | None = None
-    grpc_port: int | None = None
-    grpc_header_forward_pattern: str | None = None
-    grpc_infer_allocation_pool_size: int | None = None
-    grpc_use_ssl: bool | None = None
-    grpc_use_ssl_mutual: bool | None = None
-    grpc_server_cert: Path | None = None
-    grpc_server_key: Path | None = None
-    grpc_root_cert: Path | None = None
-    grpc_infer_response_compression_level: str | None = None
-    grpc_keepalive_time: int | None = None
-    grpc_keepalive_timeout: int | None = None
-    grpc_keepalive_permit_without_calls: bool | None = None
-    grpc_http2_max_pings_without_data: int | None = None
-    grpc_http2_min_recv_ping_interval_without_data: int | None = None
-    grpc_http2_max_ping_strikes: int | None = None
-    grpc_restricted_protocol: str | None = None
-    allow_metrics: bool | None = None
-    allow_gpu_metrics: bool | None = None
-    allow_cpu_metrics: bool | None = None
-    metrics_interval_ms: int | None = None
-    metrics_port: int | None = None
-    metrics_address: str | None = None
-    allow_sagemaker: bool | None = None
-    sagemaker_port: int | None = None
-    sagemaker_safe_port_range: str | None = None
-    sagemaker_thread_count: int | None = None
-    allow_vertex_ai: bool | None = None
-    vertex_ai_port: int | None = None
-    vertex_ai_thread_count: int | None = None
-    vertex_ai_default_model: str | None = None
-    metrics_config: list[str] | None = None
-    trace_config: list[str] | None = None
-    cache_config: list[str] | None = None
-    cache_directory: str | None = None
-    buffer_manager_thread_count: int | None = None
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if value is not None and _field_kind(field.name) is Path and not isinstance(value, Path):
-                setattr(self, field.name, Path(value))
-        if self.allow_http is False and self.allow_grpc is False:
-            raise PyTritonValidationError(
-                "TritonConfig: allow_http and allow_grpc cannot both be False; Triton must serve one of them"
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> TritonConfig:
-        """A TritonConfig from a mapping of field names to values. Strings are parsed into the field's type
-        as `from_env` describes; names that are no field are logged and ignored, as in PyTriton."""
-        values: dict[str, Any] = {}
-        for name, value in config.items():
-            if name not in _FIELD_KINDS:
-                LOGGER.warning(
-                    "Ignoring %s=%r: TritonConfig has no such field (fields: %s)",
-                    name,
-                    value,
-                    ", ".join(_FIELD_KINDS),
-                )
-            elif isinstance(value, str):
-                values[name] = _parse_field(name, value)
-            else:
-                values[name] = list(value) if value is not None and _field_kind(name) is list else value
-        return cls(**values)
-
-    @classmethod
-    def from_env(cls) -> TritonConfig:
-        """A TritonConfig from the `PYTRITON_TRITON_CONFIG_<FIELD>` variables that are set; the other
-        fields stay None. Integers must parse as such (else ValueError); booleans are `1`, `true`, `yes`
-        or `on`, and `0`, `false`, `no` or `off`, in any case (anything else is a ValueError); paths become
-        `Path`s. A list field is given item by item, `PYTRITON_TRITON_CONFIG_CACHE_CONFIG_0`, `..._1`
-        (in index order), or as one variable whose items are separated by `;` (empty: no items)."""
-        plain: dict[str, str] = {}
-        indexed: dict[str, dict[int, str]] = {}
-        for variable, value in os.environ.items():
-            if not variable.startswith(ENV_CONFIG_PREFIX):
-                continue
-            key = variable[len(ENV_CONFIG_PREFIX) :].lower()
-            item = _INDEXED_ITEM.match(key)
-            if item and _FIELD_KINDS.get(item.group(1)) is list:
-                indexed.setdefault(item.group(1), {})[int(item.group(2))] = value
-            else:
-                plain[key] = value
-        config: dict[str, Any] = dict(plain)
-        for name, items in indexed.items():
-            if name in plain:
-                raise ValueError(
-                    f"Set either {ENV_CONFIG_PREFIX}{name.upper()} or {ENV_CONFIG_PREFIX}{name.upper()}_<n>, "
-                    "not both"
-                )
-            config[name] = [items[index] for index in sorted(items)]
-        return cls.from_dict(config)
-
-    def merged_over(self, base: TritonConfig) -> TritonConfig:
-        """A copy of `base` with this config's non-None fields laid over it."""
-        return dataclasses.replace(
-            base,
-            **{
-                f.name: getattr(self, f.name)
-                for f in dataclasses.fields(self)
-                if getattr(self, f.name) is not None
-            },
-        )
-
-    def extra_args(self) -> list[str]:
-        """`tritonserver` arguments for every field set, except those kubetriton passes itself (the model
-        repository, log settings, exit timeout and ports). They come after kubetriton's own arguments, so
-        that `strict_readiness` and `allow_metrics` override kubetriton's defaults."""
-        args = []
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if value is None or field.name in _ARGS_OF_THE_LAUNCHER:
-                continue
-            flag = "--" + field.name.replace("_", "-")
-            if isinstance(value, bool):
-                args.append(f"{flag}={str(value).lower()}")
-            elif isinstance(value, list):
-                args += [f"{flag}={item}" for item in value]
-            else:
-                args.append(f"{flag}={value}")
-        return args
-
-
-_ARGS_OF_THE_LAUNCHER = frozenset(
-    {
-        "model_repository",
-        "log_verbose",
-        "log_file",
-        "exit_timeout_secs",
-        "http_port",
-        "grpc_port",
-        "metrics_port",
-    }
-)
-_INDEXED_ITEM = re.compile(r"^(.+?)_(\d+)$")
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-def _field_kind(name: str) -> type:
-    return _FIELD_KINDS[name]
-
-
-def _parse_field(name: str, raw: str) -> Any:
-    kind = _field_kind(name)
-    if kind is bool:
-        if raw.lower() in _TRUE + _FALSE:
-            return raw.lower() in _TRUE
-        raise ValueError(f"TritonConfig.{name}: {raw!r} is not a boolean (true/false, 1/0, yes/no, on/off)")
-    if kind is list:
-        return [item for item in raw.split(";") if item]
-    return kind(raw)
-
-
-def _kinds(cls: type) -> dict[str, type]:
-    """Each field's type without its `None`: bool, int, str, Path or list."""
-    kinds = {}
-    for name, hint in typing.get_type_hints(cls).items():
-        (kind,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
-        kinds[name] = list if typing.get_origin(kind) is list else kind
-    return kinds
-
-
-_FIELD_KINDS = _kinds(TritonConfig)
-
-
-@dataclasses.dataclass
-class TritonLifecyclePolicy:
-    """When Triton is launched, and how it gets the bound models.
-
-    `launch_triton_on_startup=False`: entering `with Triton()` neither launches nor attaches; `run()`,
-    `connect()` or `serve()` does. `local_model_store=True`: models bound before the launch are written into
-    the repository first and Triton loads them as it starts (local mode only; Vertex AI needs its models at
-    start-up); models bound later are loaded through the repository API as usual.
-    """
-
-    launch_triton_on_startup: bool = True
-    local_model_store: bool = False
-
-
-DefaultTritonLifecyclePolicy = TritonLifecyclePolicy()
-VertextAILifecyclePolicy = TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True)
-"""What `Triton()` uses when `TritonConfig(allow_vertex_ai=True)` and no policy is given (PyTriton's name)."""
-
-
-@dataclasses.dataclass
-class TritonSecurityConfig:
-    """Which Triton endpoints need an access token, and the token.
-
-    `restricted_endpoints=None` protects `DEFAULT_PROTECTED_ENDPOINTS`; `[]` protects none. Without an
-    `access_token`, one is generated when something is protected. Clients send it in the
-    `triton-access-token` header (`ModelClient(..., access_token=...)` does). The model-repository API is
-    restricted in any case: on a local server protecting it, by the access token as well; otherwise (not
-    protected here, or in a pod) by kubetriton's own token alone.
-    """
-
-    access_token: str | None = None
-    restricted_endpoints: list[str] | None = None
-
-    def __post_init__(self) -> None:
-        if self.restricted_endpoints is None:
-            self.restricted_endpoints = list(DEFAULT_PROTECTED_ENDPOINTS)
-        unknown = sorted(set(self.restricted_endpoints) - VALID_TRITON_ENDPOINTS)
-        if unknown:
-            raise PyTritonValidationError(
-                f"Invalid endpoint names: {', '.join(unknown)}. "
-                f"Valid endpoints are: {', '.join(sorted(VALID_TRITON_ENDPOINTS))}"
-            )
-        self._token_generated = self.access_token is None and bool(self.restricted_endpoints)
-        if self._token_generated:
-            self.access_token = secrets.token_urlsafe(32)
-
-
-def _is_default_security(config: TritonSecurityConfig) -> bool:
-    """Whether `config` is `TritonSecurityConfig()`: the default endpoints and a generated token."""
-    return config._token_generated and set(config.restricted_endpoints or ()) == set(
-        DEFAULT_PROTECTED_ENDPOINTS
-    )
 
 
 def _is_generator_callable(func: Callable[..., Any]) -> bool:
@@ -801,7 +560,7 @@ class Triton(_Serving):
                 "TritonLifecyclePolicy(local_model_store=True) cannot apply in a pod: the sidecar runs "
                 "before the worker, so models are loaded through its repository API"
             )
-        if security is not None and not _is_default_security(security):
+        if security is not None and not is_default_security(security):
             raise PyTritonValidationError(
                 "TritonSecurityConfig other than the default cannot apply in a pod: the sidecar protects "
                 f"{', '.join(DEFAULT_PROTECTED_ENDPOINTS)} with the pod's own token "
@@ -1028,7 +787,7 @@ class Triton(_Serving):
             },
             "workspace": None if self._workspace_given is None else str(self._workspace_given),
             "security": {
-                "access_token": None if security._token_generated else security.access_token,
+                "access_token": given_access_token(security),
                 "restricted_endpoints": self._restricted(),
             },
         }
