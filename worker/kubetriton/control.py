@@ -22,9 +22,9 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pytriton.client._url import parse_url
 from pytriton.exceptions import PyTritonModelConfigError, PyTritonRuntimeError
 
+from kubetriton.endpoint import parse_url
 from kubetriton.extras import CLIENT, needed
 from kubetriton.podenv import ACCESS_TOKEN_HEADER, GRPC_RESTRICTED_PREFIX, REPOSITORY_TOKEN_HEADER
 

@@ -29,10 +29,10 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pytriton.client._url import Endpoint
 from pytriton.exceptions import PyTritonRuntimeError
 
 from kubetriton.control import TritonControl
+from kubetriton.endpoint import Endpoint
 from kubetriton.podenv import DEFAULT_PROTECTED_ENDPOINTS, tritonserver_args
 from kubetriton.triton_home import TritonHome
 

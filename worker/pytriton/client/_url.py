@@ -1,76 +1,23 @@
-"""Triton server URLs as PyTriton's clients accept them, parsed into what tritonclient takes.
+"""Triton server URLs as PyTriton's clients accept them: the runtime's parser, with the client's error.
 
-This module imports nothing beyond the standard library and the client's exceptions, so that the serving
-side (`Triton()`, the worker in a pod) can parse a URL without tritonclient installed.
+`kubetriton.endpoint` parses the URLs of clients and of the serving side alike; a URL it refuses becomes a
+`PyTritonClientInvalidUrlError` here, as PyTriton's clients raise.
 """
 
 from __future__ import annotations
 
-import urllib.parse
-from dataclasses import dataclass
+from kubetriton import endpoint
+from kubetriton.endpoint import Endpoint
 
 from pytriton.client.exceptions import PyTritonClientInvalidUrlError
 
-_DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "https": 443, "grpcs": 443}
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A parsed server URL: `protocol` is "http" or "grpc"; `address` is what tritonclient takes."""
-
-    protocol: str
-    host: str
-    port: int
-    path: str
-    ssl: bool
-
-    @property
-    def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}{self.path}"
-
-    @property
-    def url(self) -> str:
-        scheme = self.protocol + ("s" if self.ssl else "")
-        return f"{scheme}://{self.address}"
+__all__ = ["Endpoint", "parse_url"]
 
 
 def parse_url(url: str) -> Endpoint:
-    """`localhost`, `host:port`, `http://host:port` or `grpc://host:port` (also `https`, `grpcs`).
-
-    Without a scheme, HTTP is used; without a port, 8000 for HTTP and 8001 for gRPC (443 with TLS).
-    """
-    if not isinstance(url, str) or not url.strip() or any(char.isspace() for char in url.strip()):
-        raise PyTritonClientInvalidUrlError(f"Invalid Triton URL {url!r}: expected e.g. 'localhost:8000'")
-    text = url.strip()
-    if "://" not in text:
-        text = "http://" + text
-    parsed = urllib.parse.urlsplit(text)
-    scheme = parsed.scheme.lower()
-    if scheme not in _DEFAULT_PORTS:
-        raise PyTritonClientInvalidUrlError(
-            f"Invalid Triton URL {url!r}: scheme {parsed.scheme!r} (use http, https, grpc, grpcs)"
-        )
+    """`localhost`, `host:port`, `http://host:port` or `grpc://host:port` (also `https`, `grpcs`), as
+    `kubetriton.endpoint.parse_url` reads it; PyTritonClientInvalidUrlError for any other."""
     try:
-        port = parsed.port
-    except ValueError:
-        port = 0
-    if port == 0:
-        raise PyTritonClientInvalidUrlError(f"Invalid Triton URL {url!r}: the port is not in 1-65535")
-    if not parsed.hostname:
-        raise PyTritonClientInvalidUrlError(f"Invalid Triton URL {url!r}: no host")
-    if parsed.query or parsed.fragment or parsed.username or parsed.password:
-        raise PyTritonClientInvalidUrlError(
-            f"Invalid Triton URL {url!r}: credentials, query or fragment given"
-        )
-    path = parsed.path.rstrip("/")
-    protocol = "grpc" if scheme.startswith("grpc") else "http"
-    if path and protocol == "grpc":
-        raise PyTritonClientInvalidUrlError(f"Invalid Triton URL {url!r}: a gRPC URL has no path")
-    return Endpoint(
-        protocol=protocol,
-        host=parsed.hostname,
-        port=port if port is not None else _DEFAULT_PORTS[scheme],
-        path=path,
-        ssl=scheme.endswith("s"),
-    )
+        return endpoint.parse_url(url)
+    except ValueError as error:
+        raise PyTritonClientInvalidUrlError(str(error)) from None
