@@ -27,9 +27,8 @@ SUPPORTED = ((3, 10), (3, 13))
 UNSUPPORTED_IMAGE_EXIT_CODE = 78
 """kubetriton.podenv.UNSUPPORTED_IMAGE_EXIT_CODE; this file imports nothing of kubetriton."""
 TERMINATION_LOG = "/dev/termination-log"
-"""Where a container's termination message goes (Kubernetes' default `terminationMessagePath`)."""
 TERMINATION_MESSAGE_BYTES = 4000
-"""Kubernetes keeps 4096 bytes of a termination message."""
+"""kubetriton.podenv.TERMINATION_LOG and TERMINATION_MESSAGE_BYTES"""
 EXEC = "--exec"
 """kubetriton.podenv.LAUNCHER_EXEC"""
 PROCESS_COUNT, PROCESS_INDEX = "KUBETRITON_PROCESS_COUNT", "KUBETRITON_PROCESS_INDEX"
@@ -37,8 +36,8 @@ PROCESS_COUNT, PROCESS_INDEX = "KUBETRITON_PROCESS_COUNT", "KUBETRITON_PROCESS_I
 
 
 def write_termination_message(message):
-    """The worker container's termination message, which the model's status shows: written into the file
-    that the kubelet provides, never into one made here (outside a pod /dev is left alone)."""
+    """kubetriton.podenv.write_termination_message, for the refusals written before kubetriton can be
+    imported (in a Python too old for kubetriton's own modules, say)."""
     try:
         descriptor = os.open(TERMINATION_LOG, os.O_WRONLY | os.O_TRUNC)
     except OSError:  # not in a container
@@ -96,7 +95,7 @@ def main():
     command = sys.argv[1:]
     count = os.environ.get(PROCESS_COUNT, "1")
     if count != "1" and PROCESS_INDEX not in os.environ:
-        from kubetriton.supervisor import supervise_pod
+        from kubetriton.supervisor import supervise_pod  # importable only once provide_runtime has run
 
         each = command[1:] if command[0] == EXEC else [sys.executable, os.path.abspath(__file__), *command]
         sys.exit(supervise_pod(each, int(count)))

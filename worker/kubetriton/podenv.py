@@ -58,6 +58,25 @@ is the container's termination message."""
 MODEL_NOT_BOUND_EXIT_CODE = 64
 """A worker's exit status when its script serves without binding a model the pod declares (EX_USAGE): no
 restart binds it. Its one-line reason, which names the models bound, is the termination message."""
+TERMINATION_LOG = "/dev/termination-log"
+"""Where a container's termination message goes (Kubernetes' default `terminationMessagePath`): the
+operator reports it in the model's status."""
+TERMINATION_MESSAGE_BYTES = 4000
+"""Kubernetes keeps 4096 bytes of a termination message."""
+
+
+def write_termination_message(message: str) -> None:
+    """The worker container's termination message, which the model's status shows: written into the file
+    that the kubelet provides, never into one made here (outside a pod /dev is left alone). The launcher,
+    which runs before kubetriton can be imported, writes its own refusals the same way."""
+    try:
+        descriptor = os.open(TERMINATION_LOG, os.O_WRONLY | os.O_TRUNC)
+    except OSError:  # not in a container
+        return
+    with os.fdopen(descriptor, "w") as log:
+        log.write(message[:TERMINATION_MESSAGE_BYTES])
+
+
 SCRIPT_VOLUME = "script"
 SCRIPT_MOUNT = "/kubetriton/script"
 """Where a model's spec.worker.script ConfigMap appears in the worker container."""

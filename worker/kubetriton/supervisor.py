@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kubetriton import podenv
-from kubetriton.launch import write_termination_message
+from kubetriton.health import ProcessesHealth
 from kubetriton.server import die_with_parent
 
 LOGGER = logging.getLogger(__name__)
@@ -436,8 +436,6 @@ def ask_for_server(path: str, settings: Mapping[str, Any], timeout_s: float) -> 
 
 def supervise_pod(argv: Sequence[str], count: int) -> int:
     """Run `count` worker processes of `argv` in a pod's worker container, with the pod's probe endpoint."""
-    from kubetriton.health import ProcessesHealth
-
     settings = podenv.AttachSettings.from_environ()
     health_port = settings.health_port if settings else podenv.HEALTH_PORT
     drain_s = settings.drain_seconds if settings else podenv.DEFAULT_DRAIN_SECONDS
@@ -463,9 +461,9 @@ def supervise_pod(argv: Sequence[str], count: int) -> int:
     finally:
         health.stop()
     if supervisor.failure:
-        write_termination_message(supervisor.failure)
+        podenv.write_termination_message(supervisor.failure)
     elif starting:
-        write_termination_message(
+        podenv.write_termination_message(
             f"stopped while worker process {', '.join(map(str, starting))} had not reached Triton() yet: "
             "a worker whose script takes longer than startupSeconds to get there, at its start or after a "
             "restart, is stopped"

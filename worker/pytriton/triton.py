@@ -27,7 +27,6 @@ from kubetriton import podenv
 from kubetriton.control import TritonControl
 from kubetriton.drain import client_connections, request_sidecar_stop
 from kubetriton.health import HealthServer
-from kubetriton.launch import write_termination_message
 from kubetriton.model_repository import ModelSpec, check_model_name, name_tensors, write_model
 from kubetriton.server import (
     LocalTritonServer,
@@ -627,7 +626,7 @@ class Triton(_Serving):
             "the script binds (kubetriton deploy --model NAME)"
         )
         LOGGER.error("%s", message)
-        write_termination_message(message)
+        podenv.write_termination_message(message)
         raise SystemExit(podenv.MODEL_NOT_BOUND_EXIT_CODE)
 
     def _check_triton(self) -> None:
