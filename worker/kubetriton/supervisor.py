@@ -44,9 +44,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from pytriton.settings import DefaultTritonLifecyclePolicy, TritonConfig, TritonSecurityConfig
+
 from kubetriton import podenv
 from kubetriton.health import ProcessesHealth
 from kubetriton.server import die_with_parent
+from kubetriton.triton_serving import TritonServing
 
 LOGGER = logging.getLogger(__name__)
 
@@ -299,11 +302,12 @@ class Supervisor:
 class ServerHost:
     """Local mode: the one tritonserver every worker process serves through, hosted by the supervisor.
 
-    Each process's `Triton()` asks for it with its settings (`TritonConfig`, workspace, security). The host
-    launches it as process 0's `Triton()` would have (process 0 loads the models, so the others could not
-    serve before it anyway) and then answers every ask: the server's record when the settings are the same,
-    an error naming the difference otherwise. The server is published like any local server, so
-    `RemoteTriton(url)` finds it too; the host watches it through the `Triton` object that launched it."""
+    Each process's `Triton()` asks for it with its settings (`TritonConfig`, workspace, security) through
+    `triton_serving.ask_for_server`. The host launches it as process 0's `Triton()` would have (process 0
+    loads the models, so the others could not serve before it anyway) and then answers every ask: the
+    server's record when the settings are the same, an error naming the difference otherwise. The server is
+    published like any local server, so `RemoteTriton(url)` finds it too; the host watches it through the
+    `TritonServing` that launched it."""
 
     def __init__(self, directory: Path) -> None:
         self.path = directory / "server.sock"
@@ -314,7 +318,7 @@ class ServerHost:
             queue.SimpleQueue()
         )
         self._lock = threading.Lock()
-        self._triton: Any = None
+        self._triton: TritonServing | None = None
         threading.Thread(target=self._accept, name="kubetriton-server-asks", daemon=True).start()
         self._host_thread = threading.Thread(target=self._host, name="kubetriton-server-host", daemon=True)
         self._host_thread.start()
@@ -367,20 +371,19 @@ class ServerHost:
 
     def _launch(self, settings: dict[str, Any]) -> dict[str, Any]:
         """Launch the server as these settings say; where the processes find it."""
-        from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
-
         security = settings["security"]
-        triton = Triton(
+        triton = TritonServing(
             config=TritonConfig.from_dict(settings["config"]),
             workspace=settings["workspace"],
-            security_config=TritonSecurityConfig(
+            lifecycle=DefaultTritonLifecyclePolicy,
+            security=TritonSecurityConfig(
                 access_token=security["access_token"], restricted_endpoints=security["restricted_endpoints"]
             ),
         )
         with self._lock:
             self._triton = triton
         triton.connect()
-        return {"server": dataclasses.asdict(triton._published), "control_url": triton._control.url}
+        return triton.hosted_reply()
 
     def failure(self) -> str | None:
         """Why the hosted server cannot serve any more (it exited), or None."""
@@ -388,11 +391,7 @@ class ServerHost:
             triton = self._triton
         if triton is None or not triton.is_connected():
             return None
-        try:
-            triton._check_triton()
-        except Exception as error:
-            return str(error)
-        return None
+        return triton.failure()
 
     def stop(self) -> None:
         """Stop the server (it finishes the requests in flight first) and remove what it left."""
@@ -417,21 +416,6 @@ def _differences(first: Mapping[str, Any], second: Mapping[str, Any], prefix: st
         elif one != other:
             names.append(prefix + key)
     return names
-
-
-def ask_for_server(path: str, settings: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
-    """A worker process's ask to its supervisor's `ServerHost`: where the server is (the host's reply), or
-    RuntimeError with the host's reason."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.settimeout(timeout_s)
-        connection.connect(path)
-        with connection.makefile("rwb") as stream:
-            stream.write(json.dumps(settings).encode() + b"\n")
-            stream.flush()
-            reply = json.loads(stream.readline() or b"{}")
-    if "error" in reply:
-        raise RuntimeError(reply["error"])
-    return reply
 
 
 def supervise_pod(argv: Sequence[str], count: int) -> int:
