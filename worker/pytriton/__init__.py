@@ -2,8 +2,9 @@
 
 `__version__` is the PyTriton release whose API this package implements; kubetriton's own version is
 `kubetriton.__version__`. As in PyTriton, `import pytriton` makes `pytriton.client`, `pytriton.model_config`
-and `pytriton.triton` reachable; they are imported on first use, because kubetriton's own modules import
-parts of this package while they load.
+and `pytriton.triton` reachable; they are imported on first use, because kubetriton's runtime imports the
+contract modules of this package (`exceptions`, `model_config`, `proxy`, `settings`: docs/layout.md), and
+importing them must not load the API built on that runtime.
 """
 
 import importlib
