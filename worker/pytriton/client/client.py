@@ -29,6 +29,7 @@ from kubetriton.replicas import Replica, ReplicaSet
 
 from pytriton.client import _protocol, utils
 from pytriton.client._protocol import BaseModelClient
+from pytriton.client._transport import Transport
 from pytriton.client._url import Endpoint, parse_url
 from pytriton.client.exceptions import (
     PyTritonClientClosedError,
@@ -57,116 +58,6 @@ def __getattr__(name: str) -> Any:
     if name in ("AsyncioModelClient", "AsyncioDecoupledModelClient"):
         return getattr(importlib.import_module("pytriton.client.asyncio_client"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class _Transport:
-    """One tritonclient connection (HTTP or gRPC) behind a protocol-neutral interface."""
-
-    def __init__(self, endpoint: Endpoint, timeout_s: float) -> None:
-        self.endpoint = endpoint
-        self.timeout_s = timeout_s
-        self.module: Any = tritonclient.grpc if self.is_grpc else tritonclient.http
-        self.client: Any = self._connect()
-
-    def _connect(self) -> Any:
-        self._connected_at = time.monotonic()
-        self._connected_in = threading.get_ident()
-        if self.is_grpc:
-            return tritonclient.grpc.InferenceServerClient(self.endpoint.address, ssl=self.endpoint.ssl)
-        return tritonclient.http.InferenceServerClient(
-            self.endpoint.address,
-            connection_timeout=self.timeout_s,
-            network_timeout=self.timeout_s,
-            ssl=self.endpoint.ssl,
-        )
-
-    @property
-    def is_grpc(self) -> bool:
-        return self.endpoint.protocol == "grpc"
-
-    def _timeout_kwargs(self) -> dict[str, float]:
-        return {"client_timeout": self.timeout_s} if self.is_grpc else {}
-
-    def is_ready(self, model_name: str, model_version: str, headers: dict[str, str]) -> str | None:
-        """None when the model is ready, otherwise what is not ready yet.
-
-        Server liveness, not readiness: with strict readiness one model that failed to load makes the
-        whole server not ready, and the model asked for may serve all the same."""
-        if not self.client.is_server_live(headers=headers, **self._timeout_kwargs()):
-            return f"Triton at {self.endpoint.url} is not live"
-        if not self.client.is_model_ready(
-            model_name, model_version, headers=headers, **self._timeout_kwargs()
-        ):
-            return f"model {model_name} is not ready"
-        return None
-
-    def model_state(self, model_name: str, headers: dict[str, str]) -> tuple[str, str] | None:
-        """The (state, reason) the repository index gives for the model, if the server tells."""
-        if self.is_grpc:
-            index = self.client.get_model_repository_index(
-                headers=headers, as_json=True, client_timeout=self.timeout_s
-            )
-            models = index.get("models", [])
-        else:
-            models = self.client.get_model_repository_index(headers=headers)
-        for model in models:
-            if model.get("name") == model_name:
-                return str(model.get("state", "")), str(model.get("reason", ""))
-        return None
-
-    def model_config(self, model_name: str, model_version: str, headers: dict[str, str]) -> dict[str, Any]:
-        if self.is_grpc:
-            return self.client.get_model_config(
-                model_name, model_version, headers=headers, as_json=True, client_timeout=self.timeout_s
-            )
-        return self.client.get_model_config(model_name, model_version, headers=headers)
-
-    def infer(
-        self,
-        config: TritonModelConfig,
-        model_version: str,
-        arrays: dict[str, np.ndarray],
-        parameters: Mapping[str, Any] | None,
-        headers: dict[str, str],
-    ) -> Any:
-        binary = not self.is_grpc
-        return self._current().infer(
-            config.model_name,
-            _protocol.triton_inputs(self.module, arrays, binary=binary),
-            model_version=model_version,
-            outputs=_protocol.requested_outputs(self.module, config, binary=binary),
-            request_id=_protocol.new_request_id(),
-            headers=headers,
-            parameters=dict(parameters) if parameters else None,
-            **self._timeout_kwargs(),
-        )
-
-    def load_model(
-        self, model_name: str, headers: dict[str, str], config: str | None, files: dict[str, bytes] | None
-    ) -> None:
-        self._current().load_model(
-            model_name, headers=headers, config=config, files=files, **self._timeout_kwargs()
-        )
-
-    def unload_model(self, model_name: str, headers: dict[str, str]) -> None:
-        self._current().unload_model(model_name, headers=headers, **self._timeout_kwargs())
-
-    def _current(self) -> Any:
-        """The connection, replaced first when it is a stale HTTP one."""
-        if not self.is_grpc and self._stale():
-            self.client.close()
-            self.client = self._connect()
-        return self.client
-
-    def _stale(self) -> bool:
-        """Whether the HTTP connection must be replaced before the next request: it is older than
-        HTTP_CONNECTION_MAX_AGE_S, or it was made in another thread (its gevent socket belongs to that
-        thread's hub, and waiting on it here fails)."""
-        too_old = time.monotonic() - self._connected_at > _protocol.HTTP_CONNECTION_MAX_AGE_S
-        return too_old or self._connected_in != threading.get_ident()
-
-    def close(self) -> None:
-        self.client.close()
 
 
 class ModelClient(BaseModelClient):
@@ -215,7 +106,7 @@ class ModelClient(BaseModelClient):
         self._lock = threading.RLock()
         self._close_lock = threading.Lock()
         self._closed = False
-        self._transport = _Transport(self._endpoint, self._inference_timeout_s)
+        self._transport = Transport(self._endpoint, self._inference_timeout_s)
         """The connection to the URL's host: readiness, configuration, model control, and inference when
         the host is not balanced over its addresses."""
         self._replicas = (
@@ -223,7 +114,7 @@ class ModelClient(BaseModelClient):
             if _protocol.balanced(self._endpoint)
             else None
         )
-        self._replica_transports: dict[str, _Transport] = {}
+        self._replica_transports: dict[str, Transport] = {}
         self._replicas_seen = 0
         if not lazy_init:
             try:
@@ -268,7 +159,7 @@ class ModelClient(BaseModelClient):
     def wait_for_server(self, timeout_s: float) -> None:
         """Wait until the server is live and ready; PyTritonClientTimeoutError after `timeout_s`."""
         self._check_open()
-        probe = _Transport(self._control_endpoint(), _protocol.probe_timeout_s(timeout_s))
+        probe = Transport(self._control_endpoint(), _protocol.probe_timeout_s(timeout_s))
         try:
             utils.wait_for_server_ready(probe.client, timeout_s, headers=self._headers())
         finally:
@@ -339,7 +230,7 @@ class ModelClient(BaseModelClient):
         )
         return _protocol.result_outputs(result, strip_batch_axis=strip_batch_axis)
 
-    def _balanced(self, send: Callable[[_Transport], _T]) -> _T:
+    def _balanced(self, send: Callable[[Transport], _T]) -> _T:
         """Send a request to the replica expected to answer first; a replica that refuses the connection
         is held back and the request goes to another one, since it never reached a server."""
         replicas = self._replicas
@@ -372,13 +263,13 @@ class ModelClient(BaseModelClient):
             return self._endpoint
         return dataclasses.replace(self._endpoint, host=self._replicas.any_host())
 
-    def _transport_to(self, host: str) -> _Transport:
+    def _transport_to(self, host: str) -> Transport:
         if host == self._endpoint.host:
             return self._transport
         transport = self._replica_transports.get(host)
         if transport is None:
             endpoint = dataclasses.replace(self._endpoint, host=host)
-            transport = self._replica_transports[host] = _Transport(endpoint, self._inference_timeout_s)
+            transport = self._replica_transports[host] = Transport(endpoint, self._inference_timeout_s)
         return transport
 
     def _close_departed(self, replicas: ReplicaSet) -> None:
@@ -446,14 +337,14 @@ class ModelClient(BaseModelClient):
         """Poll readiness with a short-timeout connection until ready or `timeout_s` has passed."""
         deadline = time.monotonic() + timeout_s
         last_problem = "no answer yet"
-        probe = _Transport(self._control_endpoint(), _protocol.probe_timeout_s(timeout_s))
+        probe = Transport(self._control_endpoint(), _protocol.probe_timeout_s(timeout_s))
         try:
             while True:
                 self._check_open()
                 endpoint = self._control_endpoint()
                 if endpoint != probe.endpoint:
                     probe.close()
-                    probe = _Transport(endpoint, _protocol.probe_timeout_s(timeout_s))
+                    probe = Transport(endpoint, _protocol.probe_timeout_s(timeout_s))
                 try:
                     problem = probe.is_ready(self._model_name, self._version, self._headers())
                 except Exception as error:
