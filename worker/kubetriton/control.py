@@ -64,7 +64,7 @@ class TritonControl:
     def _client(self) -> Any:
         if self._grpc_client is None:
             with needed(CLIENT, f"Managing Triton over gRPC ({self.url})"):
-                import tritonclient.grpc
+                import tritonclient.grpc  # the client extra's, needed over gRPC only
 
             self._grpc_client = tritonclient.grpc.InferenceServerClient(
                 self._endpoint.address, ssl=self._endpoint.ssl

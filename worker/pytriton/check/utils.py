@@ -40,7 +40,7 @@ ANSI_ESCAPE = re.compile(r"\x1b\[.*?m")
 def _psutil() -> ModuleType:
     """psutil, which these helpers need and serving does not, or an error that says how to get it."""
     try:
-        import psutil
+        import psutil  # these helpers' alone, installed apart: serving never needs it
     except ModuleNotFoundError as error:
         raise ModuleNotFoundError(
             "pytriton.check.utils needs psutil for ScriptThread and the process monitors, as PyTriton's "
