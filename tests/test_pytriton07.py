@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-import pytriton.triton
 import tritonclient.grpc
 import tritonclient.http
+from kubetriton import remote_serving
 from kubetriton.server import find_published, servers_dir
 from kubetriton.triton_home import locate
 from pytriton.check.add_sub import add_sub_example, add_sub_example_thread
@@ -277,7 +277,7 @@ def test_remote_triton_says_when_no_local_triton_listens_at_its_url(tmp_path: Pa
     """A Triton that answers but that no Triton() of this user published: RemoteTriton waits for a record
     within its timeout, then says so."""
     monkeypatch.delenv("KUBETRITON_WORKSPACE", raising=False)
-    monkeypatch.setattr(pytriton.triton, "REMOTE_WAIT_S", 2.0)
+    monkeypatch.setattr(remote_serving, "REMOTE_WAIT_S", 2.0)
     with plain_triton(locate(), tmp_path) as unpublished:
         remote = RemoteTriton(url=f"localhost:{unpublished.http_port}")
         with pytest.raises(
@@ -308,7 +308,7 @@ def test_remote_triton_waits_for_the_record_of_a_triton_that_answers_already(loc
         return found
 
     try:
-        monkeypatch.setattr(pytriton.triton, "find_published", published_after_the_first_look)
+        monkeypatch.setattr(remote_serving, "find_published", published_after_the_first_look)
         with RemoteTriton(url=f"localhost:{http}") as remote:
             remote.bind("LatePublished", _double, X, Y, config=ModelConfig(max_batch_size=4))
             with ModelClient(local["grpc"], "LatePublished", init_timeout_s=30) as client:

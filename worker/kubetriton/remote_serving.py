@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from pytriton.exceptions import PyTritonError, PyTritonRuntimeError
@@ -20,8 +19,12 @@ from pytriton.settings import DefaultTritonLifecyclePolicy
 from kubetriton import podenv
 from kubetriton.control import TritonControl
 from kubetriton.endpoint import Endpoint
-from kubetriton.server import PublishedServer, is_this_machine
+from kubetriton.server import PublishedServer, find_published, is_this_machine
 from kubetriton.serving import LEAVE_DRAIN_S, Serving
+
+REMOTE_WAIT_S = 120.0
+"""How long RemoteTriton waits for its Triton to become live and, when it is a local `Triton()`, for that
+one to publish its record."""
 
 LOGGER = logging.getLogger(__name__)
 
@@ -35,8 +38,8 @@ class RemoteServing(Serving):
 
     `endpoint` is how this process reaches Triton's HTTP or gRPC endpoint, and `access_token` what its
     protected endpoints demand. Without a `workspace` (nor `KUBETRITON_WORKSPACE`), the local `Triton()`
-    at `endpoint` is looked up with `find_published` (`server.find_published`); `wait_s` bounds the waits
-    for Triton to become live and for such a `Triton()`, which may answer already, to publish its record.
+    at `endpoint` is looked up with `server.find_published`; `REMOTE_WAIT_S` bounds the waits for Triton to
+    become live and for such a `Triton()`, which may answer already, to publish its record.
     """
 
     def __init__(
@@ -44,14 +47,9 @@ class RemoteServing(Serving):
         endpoint: Endpoint,
         workspace: str | Path | None,
         access_token: str | None,
-        *,
-        wait_s: float,
-        find_published: Callable[[Endpoint], PublishedServer | None],
     ) -> None:
         self._endpoint = endpoint
         self._url = endpoint.url
-        self._wait_s = wait_s
-        self._find_published = find_published
         self._workspace_given = workspace or os.environ.get(podenv.ENV_WORKSPACE)
         super().__init__(
             workspace=Path(self._workspace_given or podenv.WORKSPACE_MOUNT),
@@ -62,9 +60,9 @@ class RemoteServing(Serving):
 
     def _start_triton(self) -> None:
         self._control = TritonControl(self._url, access_token=self._access_token)
-        deadline = time.monotonic() + self._wait_s
+        deadline = time.monotonic() + REMOTE_WAIT_S
         LOGGER.info("Waiting for Triton at %s", self._url)
-        self._control.wait_until_live(self._wait_s)
+        self._control.wait_until_live(REMOTE_WAIT_S)
         local = None if self._workspace_given else self._published_server(deadline)
         if local is None:
             if not self._workspace_given and not self._bootstrapped():
@@ -86,13 +84,13 @@ class RemoteServing(Serving):
         answers before it has published its record: unless there is a workspace prepared by `kubetriton
         bootstrap` to attach to instead, or the URL names another machine, wait for the record until
         `deadline`."""
-        local = self._find_published(self._endpoint)
+        local = find_published(self._endpoint)
         if local is not None or self._bootstrapped() or not is_this_machine(self._endpoint.host):
             return local
         LOGGER.info("Waiting for the Triton() at %s to publish where it serves from", self._url)
         while local is None and time.monotonic() < deadline:
             time.sleep(PUBLISHED_POLL_S)
-            local = self._find_published(self._endpoint)
+            local = find_published(self._endpoint)
         return local
 
     def _bootstrapped(self) -> bool:

@@ -23,7 +23,6 @@ from typing import Any
 from kubetriton import podenv
 from kubetriton.model_repository import check_model_name, name_tensors
 from kubetriton.remote_serving import RemoteServing
-from kubetriton.server import find_published
 from kubetriton.serving import Serving
 from kubetriton.triton_serving import TritonServing
 
@@ -56,9 +55,6 @@ __all__ = [
 ]
 
 TRITON_ACCESS_HEADER = podenv.ACCESS_TOKEN_HEADER
-REMOTE_WAIT_S = 120.0
-"""How long RemoteTriton waits for its Triton to become live and, when it is a local `Triton()`, for that
-one to publish its record."""
 
 
 def _is_generator_callable(func: Callable[..., Any]) -> bool:
@@ -207,6 +203,4 @@ class RemoteTriton(_TritonBase):
         self, url: str, workspace: str | Path | None = None, access_token: str | None = None
     ) -> None:
         self._lifecycle = DefaultTritonLifecyclePolicy
-        self._serving = RemoteServing(
-            parse_url(url), workspace, access_token, wait_s=REMOTE_WAIT_S, find_published=find_published
-        )
+        self._serving = RemoteServing(parse_url(url), workspace, access_token)
