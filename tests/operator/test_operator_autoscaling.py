@@ -279,14 +279,14 @@ async def test_a_new_operator_continues_from_the_replicas_as_they_are(
         with load(slow_triton[0]):
             await eventually(lambda: replicas(cluster) == 4, timeout=30, message="a scale-up")
         await asyncio.to_thread(first.stop)
-        assert autoscaling_status(cluster)["reason"] == autoscaler.SCALED_UP
+        # Under the load, the first operator may have found the model at its maximum after the step.
+        left = autoscaling_status(cluster)
+        assert left["reason"] in (autoscaler.SCALED_UP, autoscaler.AT_MAXIMUM)
+        assert left["desiredReplicas"] == 4 and "lastScaleTime" in left
         restarted = time.monotonic()
         await start_operator(**options)
         stabilizing = await eventually(
-            lambda: (
-                autoscaling_status(cluster).get("reason") != autoscaler.SCALED_UP
-                and autoscaling_status(cluster)
-            ),
+            lambda: autoscaling_status(cluster) != left and autoscaling_status(cluster),
             timeout=20,
             message="the new operator's first decision",
         )
