@@ -23,6 +23,7 @@ import tritonclient.http as httpclient
 from kubetriton.server import OWNER_LOCK, claim, remove_abandoned
 from kubetriton.transport import HOP_DATAGRAM_BYTES, INLINE_LIMIT
 from pytriton.client import DecoupledModelClient, ModelClient
+from pytriton.decorators import batch
 from pytriton.exceptions import PyTritonRuntimeError
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
@@ -82,6 +83,29 @@ def retains_input(requests):
     return [{"y": request["x"].copy()} for request in requests]
 
 
+@batch
+def doubles_and_counts(x):
+    """`y`, twice `x`, and `row`, each row's place in the batch: both outputs cross as one array each."""
+    ANSWERED_BATCHES.append(len(x))
+    return {"y": x * 2, "row": np.arange(len(x), dtype=np.int64).reshape(-1, 1)}
+
+
+def rewrites_the_last_answer(infer_func):
+    """A decorator above `@batch` that replaces one response's array after `@batch` split the outputs."""
+
+    def rewritten(requests):
+        responses = infer_func(requests)
+        responses[-1]["y"] = np.full_like(responses[-1]["y"], -1)
+        return responses
+
+    return rewritten
+
+
+@batch
+def returns_a_rank_too_many(x):
+    return {"y": x[:, None, :], "row": np.zeros((len(x), 1), np.int64)}
+
+
 def names_requested_outputs(requests):
     """Answers, in `asked`, which outputs Triton says each request's client asked for."""
     return [
@@ -95,6 +119,7 @@ def names_requested_outputs(requests):
 
 FLOAT_IN = [Tensor(name="x", shape=(-1,), dtype=np.float32)]
 FLOAT_OUT = [Tensor(name="y", shape=(-1,), dtype=np.float32)]
+ROW_OUT = Tensor(name="row", shape=(1,), dtype=np.int64)
 OPTIONAL_B_IN = [
     Tensor(name="a", shape=(-1,), dtype=np.float32),
     Tensor(name="b", shape=(-1,), dtype=np.float32, optional=True),
@@ -146,6 +171,16 @@ def server() -> Iterator[dict[str, str]]:
                 ("streams_what_it_has", streams_what_it_has, ModelConfig(max_batch_size=8, decoupled=True)),
             ):
                 triton.bind(name, infer_func, OPTIONAL_B_IN, OPTIONAL_B_OUT, config=config)
+            three_rows = ModelConfig(
+                max_batch_size=8,
+                batcher=DynamicBatcher(max_queue_delay_microseconds=60_000_000, preferred_batch_size=[3]),
+            )
+            for name, infer_func in (
+                ("doubles_pairs", doubles_and_counts),
+                ("rewrites_pairs", rewrites_the_last_answer(doubles_and_counts)),
+                ("a_rank_too_many", returns_a_rank_too_many),
+            ):
+                triton.bind(name, infer_func, FLOAT_IN, [*FLOAT_OUT, ROW_OUT], config=three_rows)
             triton.bind(
                 "negate_three",
                 negate_three,
@@ -337,6 +372,52 @@ def test_only_the_request_that_named_a_missing_output_fails_in_its_batch(server)
         client.close()
     assert ANSWERED_BATCHES == [2], "the two requests reached the callable as one batch"
     assert _output_names(result) == ["a_out"] and result.as_numpy("a_out").tolist() == [[2.0, 4.0]]
+
+
+def _infer_pair(server, model: str, first: np.ndarray, second: np.ndarray) -> list:
+    """Two requests of 1 and 2 rows, sent together to a model that waits for batches of 3 rows: each one's
+    result or error."""
+    ANSWERED_BATCHES.clear()
+    client = httpclient.InferenceServerClient(server["http"], concurrency=2)
+    try:
+        pending = [client.async_infer(model, _inputs(httpclient, {"x": x})) for x in (first, second)]
+        results = []
+        for request in pending:
+            try:
+                results.append(request.get_result())
+            except InferenceServerException as error:
+                results.append(error)
+    finally:
+        client.close()
+    assert ANSWERED_BATCHES in ([], [3]), "the two requests reached the callable as one batch of 3 rows"
+    return results
+
+
+@pytest.mark.parametrize("width", [4, INLINE_LIMIT // 4], ids=["inline", "arena"])
+def test_batch_outputs_cross_once_for_the_whole_batch(server, width):
+    """A batch of requests of 1 and 2 rows, whose inputs cross in one column and whose outputs cross as one
+    array each, inline or through the arena: every request gets its own rows."""
+    first = np.arange(width, dtype=np.float32).reshape(1, width)
+    second = -np.arange(2 * width, dtype=np.float32).reshape(2, width)
+    one, two = _infer_pair(server, "doubles_pairs", first, second)
+    assert ANSWERED_BATCHES == [3]
+    assert np.array_equal(one.as_numpy("y"), first * 2) and one.as_numpy("row").tolist() == [[0]]
+    assert np.array_equal(two.as_numpy("y"), second * 2) and two.as_numpy("row").tolist() == [[1], [2]]
+
+
+def test_batch_outputs_a_decorator_rewrote_reach_the_client_as_rewritten(server):
+    first, second = np.ones((1, 4), np.float32), np.ones((2, 4), np.float32)
+    one, two = _infer_pair(server, "rewrites_pairs", first, second)
+    assert one.as_numpy("y").tolist() == [[2.0] * 4] and two.as_numpy("y").tolist() == [[-1.0] * 4] * 2
+    assert two.as_numpy("row").tolist() == [[1], [2]]
+
+
+def test_batch_outputs_that_do_not_fit_fail_each_request_with_its_own_shape(server):
+    one, two = _infer_pair(
+        server, "a_rank_too_many", np.ones((1, 4), np.float32), np.ones((2, 4), np.float32)
+    )
+    assert isinstance(one, InferenceServerException) and isinstance(two, InferenceServerException)
+    assert "output 'y' has shape (1, 1, 4), declared [batch] + [-1] for a request of batch size 1" in str(one)
 
 
 def test_a_stream_fails_for_the_request_that_named_a_missing_output(server):

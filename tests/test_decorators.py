@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kubetriton.transport import RequestBatch
 from pytriton.decorators import (
     ConstantPadder,
     InferenceRequests,
@@ -126,6 +127,26 @@ def test_batch_joins_inputs_that_lie_one_after_another_without_copying() -> None
     assert [response["y"].tolist() for response in responses] == [[[0, 2]], [[4, 6], [8, 10], [12, 14]]]
     scattered = identity([requests[0], Request(data={"x": memory[5:]}, parameters={})])
     assert not np.shares_memory(seen["x"], memory) and scattered[1]["y"].tolist() == [[20, 22]]
+
+
+def test_batch_takes_the_workers_whole_input_only_while_the_requests_hold_its_parts() -> None:
+    """A `RequestBatch` knows each input of the batch as one array: `@batch` takes it as it is, and
+    concatenates what the requests hold instead once a decorator above it replaced an input."""
+    whole = frozen(np.arange(8, dtype=np.float32).reshape(4, 2))
+    parts = [whole[:1], whole[1:4]]
+    seen: dict[str, np.ndarray] = {}
+
+    @batch
+    def identity(x: np.ndarray) -> dict[str, np.ndarray]:
+        seen["x"] = x
+        return {"y": x + 1}
+
+    requests = RequestBatch([Request(data={"x": part}) for part in parts], {"x": (whole, parts)})
+    assert [response["y"].tolist() for response in identity(requests)] == [[[1, 2]], [[3, 4], [5, 6], [7, 8]]]
+    assert seen["x"] is whole
+    requests[1]["x"] = frozen(np.zeros((1, 2), np.float32))
+    assert [response["y"].tolist() for response in identity(requests)] == [[[1, 2]], [[1, 1]]]
+    assert seen["x"].tolist() == [[0, 1], [0, 0]]
 
 
 def test_batch_inputs_are_read_only_whatever_the_batch() -> None:

@@ -29,16 +29,21 @@ from kubetriton.transport import (
     Arena,
     BusyPoll,
     Hop,
+    RequestBatch,
+    decode_inputs,
     decode_message,
     decode_tensor,
     deserialize_bytes,
+    encode_column,
     encode_message,
     encode_tensor,
+    frame_block,
     join_adjacent,
     serialize_bytes,
 )
 from kubetriton.worker import DEFAULT_BUSY_POLL_US, ENV_BUSY_POLL_US, TransportSettings, busy_poll_us
 from pytriton.exceptions import PyTritonValidationError
+from pytriton.proxy.types import Request
 
 
 @pytest.fixture
@@ -126,7 +131,7 @@ def test_a_request_header_carries_its_batch(tmp_path):
         "",
         None,
     )
-    assert allocated == [first[4][4]] and first[4][3] and not first[0][3]
+    assert allocated == [first[4][4]] and first[4][3] == first[4][4] and first[0][3] < 0
     for descriptor, (name, array) in zip(first, arrays.items(), strict=True):
         decoded = decode_tensor(descriptor, frames, arena)
         assert descriptor[0] == name and decoded.shape == array.shape and not decoded.flags.writeable
@@ -156,6 +161,69 @@ def test_inputs_that_lie_one_after_another_in_an_arena_join_without_a_copy(tmp_p
     assert released == []  # a view of the whole keeps every block
     del rows
     assert sorted(released) == sorted(allocated)
+    arena.close(unlink=True)
+
+
+def test_one_input_of_a_batch_crosses_in_one_block_pinned_until_its_last_array_is_gone(tmp_path):
+    """A column: one allocation and one block to release for the whole batch's input, each request's
+    array a slice of the whole, and the whole handed to `@batch` while the requests keep those arrays."""
+    arena = Arena(str(tmp_path / "requests"), 1024 * 1024, create=True)
+    frames: list = []
+    allocated: list[int] = []
+    images = [np.full((rows, 3, 8, 8), rows, np.float16) for rows in (1, 2, 1)]
+    descriptors = encode_column("image", images, frames, arena, allocated, 0)
+    assert len(allocated) == 1 and arena.used_blocks == 1 and frames == []
+    assert {descriptor[3] for descriptor in descriptors} == set(allocated)
+    small = [encode_tensor("n", np.array([row]), frames, arena, allocated) for row in range(3)]
+    entries = [([image, n], "", None) for image, n in zip(descriptors, small, strict=True)]
+    released: list[int] = []
+    inputs, columns, pinned = decode_inputs(entries, frames, arena, released.append)
+    assert pinned == {allocated[0]} and list(columns) == ["image"]
+    assert [request["n"].tolist() for request in inputs] == [[0], [1], [2]]
+    parts = [request["image"] for request in inputs]
+    assert all(
+        np.array_equal(part, image) and not part.flags.writeable
+        for part, image in zip(parts, images, strict=True)
+    )
+    batch = RequestBatch([Request(request) for request in inputs], columns)
+    whole = batch.joined("image", parts)
+    assert whole is not None and np.array_equal(whole, np.concatenate(images)) and not whole.flags.writeable
+    assert all(np.shares_memory(part, whole) for part in parts)
+    assert batch.joined("image", parts[::-1]) is None and batch.joined("image", parts[:2]) is None
+    assert batch.joined("image", [*parts[:2], parts[2].copy()]) is None and batch.joined("n", parts) is None
+    del whole, batch, columns, inputs
+    last = parts.pop()
+    del parts
+    assert released == []  # one array of the column still pins the block
+    del last
+    assert released == allocated[:1]
+    arena.close(unlink=True)
+
+
+def test_a_column_that_cannot_share_a_block_crosses_array_by_array(tmp_path):
+    arena = Arena(str(tmp_path / "requests"), 4096, create=True)
+    frames: list = []
+    allocated: list[int] = []
+    ragged = [np.arange(600, dtype=np.int32).reshape(2, 300), np.arange(30, dtype=np.int32).reshape(3, 10)]
+    descriptors = encode_column("x", ragged, frames, arena, allocated, 100)
+    assert len(allocated) == 1  # one block, the arrays copied one by one into it
+    for descriptor, array in zip(descriptors, ragged, strict=True):
+        assert np.array_equal(decode_tensor(descriptor, frames, arena), array)
+    arena.reset()
+    allocated.clear()
+    small_and_large = [np.ones(10, np.float32), np.ones(100, np.float32)]
+    descriptors = encode_column("x", small_and_large, frames, arena, allocated, 100)
+    assert [descriptor[3] for descriptor in descriptors] == [frame_block(0), allocated[0]]
+    arena.reset()
+    allocated.clear()
+    filler = arena.allocate(1024)
+    arena.allocate(1024)
+    arena.free(filler)  # free: 1024 bytes, then 2048 at the end, but no 3 KiB in one piece
+    fragmented = [np.ones(256, np.float32), np.ones(512, np.float32)]
+    descriptors = encode_column("x", fragmented, frames, arena, allocated, 100)
+    assert len(allocated) == 2 and [d[3] for d in descriptors] == allocated
+    for descriptor, array in zip(descriptors, fragmented, strict=True):
+        assert np.array_equal(decode_tensor(descriptor, frames, arena), array)
     arena.close(unlink=True)
 
 

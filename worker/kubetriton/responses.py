@@ -72,7 +72,8 @@ class ResponseChecker:
 
     def __init__(self, spec: ModelSpec) -> None:
         self._spec = spec
-        self._outputs = {tensor.name: tensor for tensor in spec.outputs}
+        self.outputs = {tensor.name: tensor for tensor in spec.outputs}
+        """The declared outputs by name, in their order."""
         self._names = [tensor.name for tensor in spec.outputs]
         self._batching = bool(spec.max_batch_size)
         self._dtypes = {tensor.name: np.dtype(tensor.dtype) for tensor in spec.outputs}
@@ -121,7 +122,7 @@ class ResponseChecker:
                     "which the request asked for"
                 )
         return {
-            name: self._check_array(name, response[name], batch_size)
+            name: self.check_array(name, response[name], batch_size)
             for name in self._names
             if name in response
         }
@@ -140,17 +141,19 @@ class ResponseChecker:
                 f"Model '{self._spec.name}' callable must return dicts of output name to numpy array, "
                 f"got {type(response).__name__}"
             )
-        if self._outputs.keys() != response.keys():
-            unknown = [name for name in response if name not in self._outputs]
+        if self.outputs.keys() != response.keys():
+            unknown = [name for name in response if name not in self.outputs]
             if unknown:
                 raise ResponseError(
                     f"Model '{self._spec.name}' callable returned undeclared outputs {unknown}; "
                     f"declared outputs are {self._names}"
                 )
             raise _OutputsLeftOut(response)
-        return {name: self._check_array(name, response[name], batch_size) for name in self._names}
+        return {name: self.check_array(name, response[name], batch_size) for name in self._names}
 
-    def _check_array(self, name: str, value: Any, batch_size: int | None) -> np.ndarray:
+    def check_array(self, name: str, value: Any, batch_size: int | None) -> np.ndarray:
+        """The output `name` of a response with `batch_size` (or of a whole batch of that size), cast to the
+        declared dtype where allowed; ResponseError when it does not fit."""
         declared = self._dtypes[name]
         if not isinstance(value, np.ndarray):
             raise ResponseError(
@@ -168,7 +171,7 @@ class ResponseChecker:
         return value
 
     def _dtype_error(self, name: str, value: np.ndarray) -> ResponseError:
-        declared = self._outputs[name].dtype
+        declared = self.outputs[name].dtype
         return ResponseError(
             f"Model '{self._spec.name}' output '{name}' has dtype {value.dtype}, declared {declared}"
         )
@@ -178,7 +181,7 @@ class ResponseChecker:
         fits = len(shape) == self._ranks[name]
         if fits and self._batching and batch_size is not None:
             fits = shape[0] == batch_size
-        declared = self._outputs[name].shape
+        declared = self.outputs[name].shape
         if fits and self._spec.strict:
             sample_shape = shape[1:] if self._batching else shape
             fits = all(want in (-1, got) for want, got in zip(declared, sample_shape, strict=True))

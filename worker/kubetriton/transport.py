@@ -13,8 +13,11 @@ lists (`encode_message`, `decode_message`): its kind, flags, id and the arena bl
 released, then one entry per request or response with a descriptor per tensor (name, dtype, shape,
 where its data is). One C call writes it and one reads it back, where a packed binary layout needed
 Python steps per request and per tensor. A hop's first message names the proxy instance's arenas, so
-that requests need not. A tensor travels either inline, as its own frame, or, when it is larger than the
-inline limit, through an `Arena`: a bounded, pre-sized shared-memory file.
+that requests need not. A tensor travels either inline, in a frame, or, when it is larger than the
+inline limit, through an `Arena`: a bounded, pre-sized shared-memory file. The same input of several
+requests of a batch travels in one arena block (`encode_column`), and each output `@batch` split in one
+frame or block (`encode_rows`): one copy, and one block to release, per batch; each request's descriptor
+addresses its part.
 
 Each proxy instance owns two arenas: the request arena, which only the proxy allocates in and the
 worker maps read-only, and the response arena, which only the worker allocates in and the proxy maps
@@ -416,10 +419,20 @@ MARSHAL_VERSION = 4
 ends of a hop run this module, on Python versions that may differ: every Python since 3.4 writes version
 4 when asked to and reads it."""
 
-Descriptor = tuple[str, str, tuple[int, ...], bool, int, int]
-"""A tensor descriptor: (name, dtype, shape, in arena, frame index or arena offset, byte length). The dtype
-is numpy's dtype string (`<f4`), or `|O` for strings as `serialize_bytes` packs them. Plain tuples: a
-message holds one per tensor, and a named tuple takes several times as long to make."""
+Descriptor = tuple[str, str, tuple[int, ...], int, int, int]
+"""A tensor descriptor: (name, dtype, shape, block, position, byte length). The dtype is numpy's dtype
+string (`<f4`), or `|O` for strings as `serialize_bytes` packs them. Data in the arena: `block` is the
+offset of the block that holds it (its own, or a column block that holds one tensor of a whole batch,
+see `encode_column` and `encode_rows`) and `position` the data's offset in the arena. Data in a frame:
+`block` is -1 - the frame's index (see `frame_block`) and `position` the data's offset in the frame.
+Plain tuples: a message holds one per tensor, and a named tuple takes several times as long to make."""
+
+
+def frame_block(index: int) -> int:
+    """A descriptor's `block` for data in frame `index` (and back: the frame's index for such a block)."""
+    return -1 - index
+
+
 RequestEntry = tuple[list[Descriptor], str, "list[str] | None"]
 """A request: (inputs, Triton's JSON text of its parameters or "" for none, the outputs its client asked
 for or None for all). A response entry is the list of its outputs' descriptors."""
@@ -539,7 +552,7 @@ def encode_tensor(
     if nbytes <= inline_limit or arena is None or arena.size == 0:
         # bytes, not a numpy buffer: a socket sends them faster
         frames.append(serialized if serialized is not None else array.tobytes())
-        return (name, code, array.shape, False, len(frames) - 1, nbytes)
+        return (name, code, array.shape, frame_block(len(frames) - 1), 0, nbytes)
     offset = arena.allocate(nbytes)
     allocated.append(offset)
     target = arena.buffer[offset : offset + nbytes]
@@ -547,7 +560,57 @@ def encode_tensor(
         target[...] = np.frombuffer(serialized, np.uint8)
     else:
         np.copyto(target.view(array.dtype).reshape(array.shape), array)
-    return (name, code, array.shape, True, offset, nbytes)
+    return (name, code, array.shape, offset, offset, nbytes)
+
+
+def encode_column(
+    name: str,
+    arrays: Sequence[np.ndarray],
+    frames: list[Any],
+    arena: Arena | None,
+    allocated: list[int],
+    inline_limit: int = INLINE_LIMIT,
+) -> list[Descriptor]:
+    """The descriptors of one input of several requests of a batch, as `encode_tensor` would give each.
+
+    Where every array would go through the arena, and all are numeric of one dtype, they go into one
+    block, one after another: one allocation, one copy (`np.concatenate` into the block, where the arrays
+    differ only along the batch axis), one block for the reader to pin and release, and the whole
+    column lies in memory as `@batch` joins it (`join_adjacent`). Otherwise, or where no free range fits
+    the whole column, each array is encoded on its own."""
+    first = arrays[0]
+    dtype = first.dtype
+    if (
+        len(arrays) == 1
+        or arena is None
+        or arena.size == 0
+        or dtype.kind not in "biuf"
+        or any(array.dtype != dtype or array.nbytes <= inline_limit for array in arrays)
+    ):
+        return [encode_tensor(name, array, frames, arena, allocated, inline_limit) for array in arrays]
+    code = _dtype_code(dtype)
+    sizes = [array.nbytes for array in arrays]
+    total = sum(sizes)
+    try:
+        block = arena.allocate(total)
+    except ArenaFullError:
+        return [encode_tensor(name, array, frames, arena, allocated, inline_limit) for array in arrays]
+    allocated.append(block)
+    target = arena.buffer[block : block + total].view(dtype)
+    sample_shape = first.shape[1:]
+    if first.ndim and all(array.ndim and array.shape[1:] == sample_shape for array in arrays):
+        np.concatenate(arrays, out=target.reshape((-1, *sample_shape)))
+    else:
+        start = 0
+        for array in arrays:
+            np.copyto(target[start : start + array.size].reshape(array.shape), array)
+            start += array.size
+    descriptors = []
+    position = block
+    for array, nbytes in zip(arrays, sizes, strict=True):
+        descriptors.append((name, code, array.shape, block, position, nbytes))
+        position += nbytes
+    return descriptors
 
 
 class _Adjacent:
@@ -565,6 +628,162 @@ class _Adjacent:
             "typestr": parts[0].dtype.str,
             "data": (address, True),
         }
+
+
+def encode_rows(
+    name: str,
+    array: np.ndarray,
+    rows: Sequence[int],
+    frames: list[Any],
+    arena: Arena | None,
+    allocated: list[int],
+    inline_limit: int = INLINE_LIMIT,
+) -> list[Descriptor]:
+    """The descriptors of consecutive ranges of a numeric array's rows, `rows[i]` rows for the i-th: one
+    output of a whole batch, one range per request, in one frame or one arena block (as `encode_tensor`
+    would place the whole array)."""
+    nbytes = array.nbytes
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    if nbytes <= inline_limit or arena is None or arena.size == 0:
+        frames.append(array.tobytes())
+        block, position = frame_block(len(frames) - 1), 0
+    else:
+        block = position = arena.allocate(nbytes)
+        allocated.append(block)
+        np.copyto(arena.buffer[block : block + nbytes].view(array.dtype).reshape(array.shape), array)
+    code = _dtype_code(array.dtype)
+    sample_shape = array.shape[1:]
+    row_bytes = array.itemsize * math.prod(sample_shape)
+    descriptors = []
+    for count in rows:
+        descriptors.append((name, code, (count, *sample_shape), block, position, count * row_bytes))
+        position += count * row_bytes
+    return descriptors
+
+
+class SplitOutputs(list):
+    """What `@batch` returns: each request's outputs, slices of the batch's outputs, which it also holds,
+    so that the worker can check and send each output once for the whole batch (`whole`)."""
+
+    def __init__(
+        self, responses: list[dict[str, np.ndarray]], outputs: dict[str, np.ndarray], sizes: list[int]
+    ) -> None:
+        super().__init__(responses)
+        self._outputs = outputs
+        self._slices = [tuple(response.values()) for response in responses]
+        self.sizes = sizes
+        """Each request's rows of the outputs."""
+
+    def whole(self) -> dict[str, np.ndarray] | None:
+        """The batch's outputs, while every response still holds the very slices `@batch` made of them,
+        and nothing else; None once a callable or decorator replaced, added or dropped any."""
+        if len(self) != len(self._slices):
+            return None
+        for response, slices in zip(self, self._slices, strict=True):
+            if type(response) is not dict or len(response) != len(slices):
+                return None
+            for value, sliced in zip(response.values(), slices, strict=True):
+                if value is not sliced:
+                    return None
+        return self._outputs
+
+
+class RequestBatch(list):
+    """The requests of one batch as the worker hands them to the callable: a list of its `Request`s that
+    also holds each input that crossed in one column block (`encode_column`) as one array, so that
+    `@batch` need not check where each request's array lies (`joined`)."""
+
+    def __init__(self, requests: list[Any], columns: dict[str, tuple[np.ndarray, list[np.ndarray]]]) -> None:
+        super().__init__(requests)
+        self.columns = columns
+        """Input name: (the whole batch's array, each request's array as the worker made it, in order)."""
+
+    def joined(self, name: str, arrays: Sequence[np.ndarray]) -> np.ndarray | None:
+        """The input `name` of the whole batch as one read-only array, while `arrays` are the very arrays
+        the requests came with, in their order; None once a callable replaced, dropped or reordered any."""
+        column = self.columns.get(name)
+        if column is None or len(column[1]) != len(arrays):
+            return None
+        for array, part in zip(arrays, column[1], strict=True):
+            if array is not part:
+                return None
+        return column[0]
+
+
+def decode_inputs(
+    entries: Sequence[RequestEntry],
+    frames: Sequence[Any],
+    arena: Arena | None,
+    on_release: Callable[[int], None],
+) -> tuple[list[dict[str, np.ndarray]], dict[str, tuple[np.ndarray, list[np.ndarray]]], set[int]]:
+    """A REQUEST's inputs: each request's arrays by name (read-only, owning their blocks as with
+    `decode_tensor`), the inputs that fill one column block as (the whole batch's array, each request's
+    array), and the arena blocks the arrays pin.
+
+    A column's arrays are slices of its whole array, made in one step each."""
+    count = len(entries)
+    pinned: dict[int, np.ndarray] = {}
+    columns: dict[str, tuple[np.ndarray, list[np.ndarray]]] = {}
+    if count > 1:
+        by_name: dict[str, list[Descriptor]] = {}
+        for descriptors, _parameters, _outputs in entries:
+            for descriptor in descriptors:
+                by_name.setdefault(descriptor[0], []).append(descriptor)
+        for name, descriptors in by_name.items():
+            if len(descriptors) == count and descriptors[0][3] >= 0:
+                whole = _whole_column(descriptors, arena, on_release, pinned)
+                if whole is not None:
+                    parts, row = [], 0
+                    for descriptor in descriptors:
+                        rows = descriptor[2][0]
+                        parts.append(whole[row : row + rows])
+                        row += rows
+                    columns[name] = (whole, parts)
+    inputs: list[dict[str, np.ndarray]] = []
+    for index, (descriptors, _parameters, _outputs) in enumerate(entries):
+        arrays = {}
+        for descriptor in descriptors:
+            column = columns.get(descriptor[0])
+            if column is not None:
+                arrays[descriptor[0]] = column[1][index]
+            else:
+                arrays[descriptor[0]] = decode_tensor(descriptor, frames, arena, on_release, pinned)
+        inputs.append(arrays)
+    return inputs, columns, set(pinned)
+
+
+def _whole_column(
+    descriptors: Sequence[Descriptor],
+    arena: Arena | None,
+    on_release: Callable[[int], None],
+    pinned: dict[int, np.ndarray],
+) -> np.ndarray | None:
+    """The array over a column block that `descriptors` fill one after another, with one numeric dtype
+    and sample shape, pinning the block; None where they do not."""
+    _name, code, shape, block, position, _nbytes = descriptors[0]
+    dtype = _DTYPES.get(code) or _new_dtype(code)
+    if arena is None or not shape or dtype is _OBJECT:
+        return None
+    sample_shape = shape[1:]
+    end = position
+    rows = 0
+    for descriptor in descriptors:
+        if descriptor[3] != block or descriptor[4] != end or descriptor[1] != code:
+            return None
+        shape = descriptor[2]
+        if not shape or shape[1:] != sample_shape:
+            return None
+        end += descriptor[5]
+        rows += shape[0]
+    base = pinned.get(block)
+    if base is None:
+        base = pinned[block] = np.frombuffer(arena.memory[block:], np.uint8)
+        weakref.finalize(base, on_release, block)
+    whole = base[position - block : end - block].view(dtype).reshape((rows, *sample_shape))
+    if whole.flags.writeable:
+        whole.flags.writeable = False
+    return whole
 
 
 def join_adjacent(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
@@ -605,28 +824,38 @@ def decode_tensor(
     frames: Sequence[Any],
     arena: Arena | None,
     on_release: Callable[[int], None] | None = None,
+    pinned: dict[int, np.ndarray] | None = None,
 ) -> np.ndarray:
     """The array a descriptor points at, read-only.
 
-    With `on_release`, an arena-backed array owns its block: `on_release(offset)` is called once the
-    array and every view of it are gone. Without it, the array is a plain view the caller must drop
+    With `on_release`, arena-backed arrays own their block: `on_release(block)` is called once every
+    array decoded from the block, and every view of them, is gone. `pinned` holds the blocks met so far
+    in one message (a column block holds several requests' arrays); the caller passes the same dict for
+    all of a message's descriptors. Without `on_release`, the array is a plain view the caller must drop
     before the block is reused.
     """
-    _name, code, shape, in_arena, position, nbytes = descriptor
+    _name, code, shape, block, position, nbytes = descriptor
     dtype = _DTYPES.get(code) or _new_dtype(code)
-    if not in_arena:
-        buffer: Any = frames[position]
+    if block < 0:
+        buffer: Any = frames[frame_block(block)]
+        if position or nbytes != len(buffer):
+            buffer = memoryview(buffer)[position : position + nbytes]
     else:
         if arena is None:
             raise RuntimeError("a tensor arrived through a shared-memory arena that is not mapped")
         buffer = arena.buffer[position : position + nbytes]
         if on_release is not None and dtype is not _OBJECT:
-            # numpy collapses a view's base down to the first non-array object, so every array derived
-            # from this block keeps it alive: the finalizer fires when the last of them is gone.
-            buffer = np.frombuffer(arena.memory[position : position + nbytes], np.uint8)
-            weakref.finalize(buffer, on_release, position)
+            # numpy collapses a view's base down to the array made from the buffer, so every array
+            # derived from the block keeps that one alive: the finalizer fires when the last is gone.
+            base = None if pinned is None else pinned.get(block)
+            if base is None:
+                base = np.frombuffer(arena.memory[block:], np.uint8)
+                weakref.finalize(base, on_release, block)
+                if pinned is not None:
+                    pinned[block] = base
+            buffer = base[position - block : position - block + nbytes]
         elif on_release is not None:
-            on_release(position)  # strings are copied out below, so the block is free at once
+            on_release(block)  # strings are copied out below, so the block is free at once
     if dtype is _OBJECT:
         array = deserialize_bytes(buffer, shape)
         array.flags.writeable = False

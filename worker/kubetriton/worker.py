@@ -62,12 +62,17 @@ from kubetriton.transport import (
     Arena,
     ArenaFullError,
     BusyPoll,
+    Descriptor,
     Hop,
     Message,
+    RequestBatch,
+    SplitOutputs,
+    decode_inputs,
     decode_message,
-    decode_tensor,
     encode_message,
+    encode_rows,
     encode_tensor,
+    is_bytes_dtype,
 )
 
 LOGGER = logging.getLogger(__name__)
@@ -233,6 +238,8 @@ class InstanceServer(threading.Thread):
         self._debug = debug
         self._on_unrecoverable = on_unrecoverable
         self._checker = ResponseChecker(spec)
+        self._numeric_outputs = not any(is_bytes_dtype(np.dtype(tensor.dtype)) for tensor in spec.outputs)
+        """Whether `@batch`'s outputs can cross as one array each (`_encode_split`): strings cannot."""
         self._batching = bool(spec.max_batch_size)
         self._triton_context = TritonContext(spec.name, spec.config, spec.inputs, spec.outputs)
         self._presence = zmq.Context.instance().socket(zmq.ROUTER)
@@ -436,17 +443,14 @@ class InstanceServer(threading.Thread):
 
     def _decode_requests(
         self, peer: Peer, message: Message, data: list[memoryview], arena: Arena
-    ) -> list[Request]:
-        requests = []
-        release = peer.release
-        for descriptors, parameters, outputs in message.entries:
-            inputs = {}
-            for descriptor in descriptors:
-                if descriptor[3]:  # in an arena: the block stays pinned until the array is gone
-                    peer.held.add(descriptor[4])
-                inputs[descriptor[0]] = decode_tensor(descriptor, data, arena, release)
-            requests.append(Request(inputs, json.loads(parameters) if parameters else {}, outputs))
-        return requests
+    ) -> RequestBatch:
+        inputs, columns, pinned = decode_inputs(message.entries, data, arena, peer.release)
+        peer.held.update(pinned)  # each block stays pinned until its arrays are gone
+        requests = [
+            Request(arrays, json.loads(parameters) if parameters else {}, outputs)
+            for arrays, (_, parameters, outputs) in zip(inputs, message.entries, strict=True)
+        ]
+        return RequestBatch(requests, columns)
 
     def _batch_sizes(self, message: Message) -> list[int | None]:
         """Each request's batch size: the first dimension of its inputs, when the model batches."""
@@ -466,6 +470,10 @@ class InstanceServer(threading.Thread):
         try:
             requests = self._decode_requests(peer, message, data, requests_arena)
             result = self._call(requests)
+            if type(result) is SplitOutputs:
+                reply = self._encode_split(result, self._batch_sizes(message), responses_arena)
+                if reply is not None:
+                    return reply
             try:
                 responses = self._checked(result, self._batch_sizes(message), requests)
             except SomeRequestsFailed as failed:
@@ -571,6 +579,37 @@ class InstanceServer(threading.Thread):
             result = _EventLoopThread.run(result)
         return result
 
+    def _encode_split(
+        self, result: SplitOutputs, batch_sizes: list[int | None], arena: Arena
+    ) -> Reply | None:
+        """The reply for `@batch`'s responses, each output checked and encoded once for the whole batch,
+        where they are still its slices of every declared output, numeric, for the requests' batch sizes;
+        None otherwise, and where a check fails: `_checked` then tells each request what is wrong."""
+        outputs = result.whole()
+        if (
+            not self._numeric_outputs
+            or outputs is None
+            or outputs.keys() != self._checker.outputs.keys()
+            or result.sizes != batch_sizes
+        ):
+            return None
+        total = sum(result.sizes)
+        frames: list[Any] = []
+        allocated: list[int] = []
+        entries: list[list[Descriptor]] = [[] for _ in batch_sizes]
+        inline_limit = self._transport.inline_limit
+        try:
+            for name in self._checker.outputs:
+                array = self._checker.check_array(name, outputs[name], total)
+                descriptors = encode_rows(name, array, result.sizes, frames, arena, allocated, inline_limit)
+                for entry, descriptor in zip(entries, descriptors, strict=True):
+                    entry.append(descriptor)
+        except (ResponseError, ArenaFullError):
+            for offset in allocated:
+                arena.free(offset)
+            return None
+        return Reply(REPLY, entries, frames)
+
     def _encode_responses(self, responses: Sequence[dict[str, np.ndarray]], arena: Arena) -> Reply:
         frames: list[Any] = []
         allocated: list[int] = []
@@ -603,7 +642,7 @@ def arena_blocks_in_use() -> int:
     return sum(instance.arena_blocks for instance in list(_INSTANCES))
 
 
-_PLAIN_RESULTS = (list, tuple, dict)
+_PLAIN_RESULTS = (list, tuple, dict, SplitOutputs)
 """What most callables return; neither awaitable nor a generator, which the `inspect` checks take longer
 to tell on the path of every request."""
 

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from typing import Any
 
 import numpy as np
-from kubetriton.transport import join_adjacent
+from kubetriton.transport import RequestBatch, SplitOutputs, join_adjacent
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
 from pytriton.model_config import Tensor
@@ -210,10 +210,12 @@ def _shared_parameters(requests: Sequence[Request]) -> Mapping[str, Any]:
     }
 
 
-def _concatenate(name: str, arrays: list[np.ndarray]) -> np.ndarray:
+def _concatenate(name: str, arrays: list[np.ndarray], requests: Sequence[Request]) -> np.ndarray:
     if len(arrays) == 1:
         return arrays[0]
-    joined = join_adjacent(arrays)
+    joined = requests.joined(name, arrays) if type(requests) is RequestBatch else None
+    if joined is None:
+        joined = join_adjacent(arrays)
     if joined is not None:  # inputs that crossed one after another through the arena
         return joined
     try:
@@ -253,7 +255,9 @@ def batch(func: Callable[..., Any]) -> Callable[..., Any]:
                 raise PyTritonValidationError(
                     f"@batch inputs {clashing} clash with keyword arguments of the call"
                 )
-        inputs = {name: _concatenate(name, [request[name] for request in requests]) for name in names}
+        inputs = {
+            name: _concatenate(name, [request[name] for request in requests], requests) for name in names
+        }
         sizes = [get_inference_request_batch_size(request) for request in requests]
         context = _with_parameters(active_context(), _shared_parameters(requests))
 
@@ -281,7 +285,8 @@ def batch(func: Callable[..., Any]) -> Callable[..., Any]:
                     )
                 )
                 start += size
-            return responses
+            # the worker checks and sends each output once for the batch while the responses are these
+            return responses if positional else SplitOutputs(responses, outputs, sizes)
 
         return _map_result(_invoke(context, func, *leading, **kwargs, **inputs), split)
 

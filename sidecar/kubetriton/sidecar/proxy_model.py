@@ -56,6 +56,7 @@ from kubetriton.transport import (
     Message,
     decode_message,
     decode_tensor,
+    encode_column,
     encode_message,
     encode_tensor,
     keep_freed_memory,
@@ -90,6 +91,15 @@ def check_stub_reads_numpy() -> None:
         "wrong. Run the stub on a Python environment with numpy<2: `kubetriton install-triton` "
         "provisions one for local mode; the stock Triton images have one."
     )
+
+
+def _columns(requests: list[Any]) -> dict[str, list[tuple[int, Any]]]:
+    """Each input name of a batch, with (row, tensor) for every request that has it, in order."""
+    columns: dict[str, list[tuple[int, Any]]] = {}
+    for row, request in enumerate(requests):
+        for tensor in request.inputs():
+            columns.setdefault(tensor.name(), []).append((row, tensor))
+    return columns
 
 
 class TritonPythonModel:
@@ -185,18 +195,21 @@ class TritonPythonModel:
         frames: list[Any] = []
         allocated: list[int] = []
         arena, inline_limit = self._requests_arena, self._inline_limit
-        tensors = [request.inputs() for request in requests]
-        inputs: list[list[Any]] = [[None] * len(row) for row in tensors]
+        inputs: list[list[Any]] = [[] for _ in requests]
         try:
-            # Input by input, so that each input's arrays of the whole batch lie one after another in the
-            # arena, where `@batch` takes them as one array without copying (`join_adjacent`).
-            for column in range(max(map(len, tensors), default=0)):
-                for row, request_tensors in enumerate(tensors):
-                    if column < len(request_tensors):
-                        tensor = request_tensors[column]
-                        inputs[row][column] = encode_tensor(
-                            tensor.name(), tensor.as_numpy(), frames, arena, allocated, inline_limit
-                        )
+            if len(requests) == 1:
+                inputs[0] = [
+                    encode_tensor(tensor.name(), tensor.as_numpy(), frames, arena, allocated, inline_limit)
+                    for tensor in requests[0].inputs()
+                ]
+            else:
+                # Input by input, so that each input of the whole batch lies in one block of the arena,
+                # where `@batch` takes it as one array without copying (`join_adjacent`).
+                for name, rows in _columns(requests).items():
+                    arrays = [tensor.as_numpy() for _, tensor in rows]
+                    descriptors = encode_column(name, arrays, frames, arena, allocated, inline_limit)
+                    for (row, _), descriptor in zip(rows, descriptors, strict=True):
+                        inputs[row].append(descriptor)
         except ArenaFullError as error:
             self._free_requests(allocated)
             if hop.peer_closed():  # the arena may be full of blocks that the departed worker held
@@ -296,11 +309,15 @@ class TritonPythonModel:
 
     def _response(self, outputs: list[Descriptor], data: list[memoryview]) -> Any:
         tensors = []
+        released = self._released_responses
         for descriptor in outputs:
-            name, _dtype, _shape, in_arena, offset, _nbytes = descriptor
-            tensors.append(pb_utils.Tensor(name, decode_tensor(descriptor, data, self._responses_arena)))
-            if in_arena:
-                self._released_responses.append(offset)
+            block = descriptor[3]
+            tensors.append(
+                pb_utils.Tensor(descriptor[0], decode_tensor(descriptor, data, self._responses_arena))
+            )
+            # A column block once for consecutive requests; the worker ignores a block released twice.
+            if block >= 0 and (not released or released[-1] != block):
+                released.append(block)
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def _response_or_error(self, entry: list[Descriptor] | str, data: list[memoryview]) -> Any:
