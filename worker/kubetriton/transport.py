@@ -726,12 +726,13 @@ def decode_inputs(
     pinned: dict[int, np.ndarray] = {}
     columns: dict[str, tuple[np.ndarray, list[np.ndarray]]] = {}
     if count > 1:
-        by_name: dict[str, list[Descriptor]] = {}
+        in_arena: dict[str, list[Descriptor]] = {}
         for descriptors, _parameters, _outputs in entries:
             for descriptor in descriptors:
-                by_name.setdefault(descriptor[0], []).append(descriptor)
-        for name, descriptors in by_name.items():
-            if len(descriptors) == count and descriptors[0][3] >= 0:
+                if descriptor[3] >= 0:
+                    in_arena.setdefault(descriptor[0], []).append(descriptor)
+        for name, descriptors in in_arena.items():
+            if len(descriptors) == count:
                 whole = _whole_column(descriptors, arena, on_release, pinned)
                 if whole is not None:
                     parts, row = [], 0
