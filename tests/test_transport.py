@@ -8,11 +8,14 @@ import select
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
+from kubetriton.model_repository import ModelSpec
 from kubetriton.transport import (
     CANCEL,
     CONTROL,
@@ -38,11 +41,20 @@ from kubetriton.transport import (
     encode_message,
     encode_tensor,
     frame_block,
+    hello_text,
     join_adjacent,
+    read_hello,
     serialize_bytes,
 )
-from kubetriton.worker import DEFAULT_BUSY_POLL_US, ENV_BUSY_POLL_US, TransportSettings, busy_poll_us
+from kubetriton.worker import (
+    DEFAULT_BUSY_POLL_US,
+    ENV_BUSY_POLL_US,
+    InstanceServer,
+    TransportSettings,
+    busy_poll_us,
+)
 from pytriton.exceptions import PyTritonValidationError
+from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy.types import Request
 
 
@@ -508,3 +520,66 @@ def test_busy_poll_pauses_where_other_processes_keep_every_cpu_busy(hops):
         for hog in hogs:
             hog.kill()
             hog.wait()
+
+
+def test_a_worker_refuses_a_proxy_of_another_wire_version_with_a_message_for_each_request():
+    """A proxy from another kubetriton release (the sidecar's runtime comes from the init step's image):
+    every request it sends fails with what to do, and the worker goes on serving proxies of its own."""
+    folder = Path(tempfile.mkdtemp(prefix="kt-wire-", dir="/tmp"))
+    spec = ModelSpec(
+        "m",
+        (Tensor(name="x", shape=(1,), dtype=np.float32),),
+        (Tensor(name="y", shape=(1,), dtype=np.float32),),
+        ModelConfig(max_batch_size=8),
+        1,
+    )
+    settings = TransportSettings(sockets_dir=folder, arena_dir=folder, arena_bytes=1 << 20, busy_poll_us=0)
+    server = InstanceServer(
+        spec,
+        0,
+        lambda requests: [{"y": r["x"]} for r in requests],
+        settings,
+        debug=False,
+        on_unrecoverable=print,
+    )
+    server.start()
+    try:
+        assert read_hello(hello_text("a.req", "a.resp")) == ("a.req", "a.resp")
+        x = np.ones((1, 1), np.float32)
+        for hello, theirs in (
+            ("/dev/shm/a.req\0/dev/shm/a.resp", "an older version"),
+            ("1\0a\0b", "version 1"),
+        ):
+            with pytest.raises(ValueError, match=theirs):
+                read_hello(hello)
+            deadline = time.monotonic() + 10
+            while not os.path.exists(settings.hop_path("m", 0)) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            hop = Hop.connect(settings.hop_path("m", 0))
+            frames: list = []
+            hop.send([encode_message(HELLO, text=hello)])
+            for request_id in (7, 8):
+                entries = [([encode_tensor("x", x, frames, None, [])], "", None)]
+                hop.send([encode_message(REQUEST, request_id, entries), *frames])
+                assert hop.readable(10_000), "the worker did not answer"
+                reply = decode_message(hop.receive()[0])
+                assert (reply.kind, reply.id) == (ERROR, request_id)
+                assert f"speaks {theirs} of kubetriton's wire format" in reply.text
+                assert "spec.bootstrap.image" in reply.text
+            hop.close()
+        arenas = [Arena(str(folder / name), 1 << 20, create=True) for name in ("a.req", "a.resp")]
+        hop = Hop.connect(settings.hop_path("m", 0))
+        hop.send([encode_message(HELLO, text=hello_text(*(arena.path for arena in arenas)))])
+        frames = []
+        hop.send(
+            [encode_message(REQUEST, 9, [([encode_tensor("x", x, frames, None, [])], "", None)]), *frames]
+        )
+        assert hop.readable(10_000), "the worker did not answer"
+        answer = hop.receive()
+        reply = decode_message(answer[0])
+        assert (reply.kind, reply.id) == (REPLY, 9)
+        assert decode_tensor(reply.entries[0][0], answer[1:], arenas[1]).tolist() == [[1.0]]
+        hop.close()
+    finally:
+        server.stop()
+        server.join(10)

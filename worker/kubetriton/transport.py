@@ -397,7 +397,12 @@ class Hop:
 
 
 HELLO = 1
-"""Proxy to worker, a hop's first message: the paths of the proxy instance's two arenas, as its text."""
+"""Proxy to worker, a hop's first message: `WIRE_VERSION` and the paths of the proxy instance's two arenas,
+separated by NUL, as its text (`hello_text`)."""
+WIRE_VERSION = 2
+"""The version of these messages. The proxy runs the kubetriton of the pod's init step (the operator's
+worker image, or `spec.bootstrap.image`), the worker the one of its own image: a worker refuses a proxy
+of another version, each request with a message that says so, instead of misreading its tensors."""
 REQUEST = 2
 """Proxy to worker: a batch, one entry per request (flag DECOUPLED for a streaming model)."""
 CONTROL = 3
@@ -479,6 +484,25 @@ def _dtype_code(dtype: np.dtype) -> str:
 def _new_dtype(code: str) -> np.dtype:
     dtype = _DTYPES[code] = np.dtype(code)
     return dtype
+
+
+def hello_text(requests_path: str, responses_path: str) -> str:
+    """A HELLO's text: this module's `WIRE_VERSION` and the proxy instance's arenas."""
+    return f"{WIRE_VERSION}\0{requests_path}\0{responses_path}"
+
+
+def read_hello(text: str) -> tuple[str, str]:
+    """The arenas a HELLO names; ValueError, with what to do, when its proxy speaks another version."""
+    version, _, paths = text.partition("\0")
+    if version != str(WIRE_VERSION):
+        theirs = f"version {version}" if version.isdigit() else "an older version"
+        raise ValueError(
+            f"The proxy model in Triton speaks {theirs} of kubetriton's wire format, this worker version "
+            f"{WIRE_VERSION}: run the same kubetriton release in the worker's image and in the pod's init "
+            "step (the operator's worker image, or spec.bootstrap.image)"
+        )
+    requests_path, responses_path = paths.split("\0")
+    return requests_path, responses_path
 
 
 def encode_message(

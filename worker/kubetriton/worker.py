@@ -73,6 +73,7 @@ from kubetriton.transport import (
     encode_rows,
     encode_tensor,
     is_bytes_dtype,
+    read_hello,
 )
 
 LOGGER = logging.getLogger(__name__)
@@ -198,6 +199,8 @@ class Peer:
     """Blocks of its request arena that callables let go of, told with the next reply."""
     cancelled: int | None = None
     """The id of its stream whose clients all cancelled."""
+    refused: str = ""
+    """Why its proxy's messages cannot be read (another wire version): each request gets it as its error."""
 
     def release(self, offset: int) -> None:
         """An input no longer pins its request block: tell the proxy with the next reply."""
@@ -393,8 +396,17 @@ class InstanceServer(threading.Thread):
     def _serve_one(self, peer: Peer, frames: list[memoryview]) -> None:
         message = decode_message(frames[0])
         if message.kind == HELLO:  # the hop's first message
-            requests_path, responses_path = message.text.split("\0")
+            try:
+                requests_path, responses_path = read_hello(message.text)
+            except ValueError as error:
+                peer.refused = str(error)
+                LOGGER.error("Model %s instance %d: %s", self.spec.name, self.instance, error)
+                return
             peer.arenas = (Arena(requests_path, writable=False), Arena(responses_path, writable=True))
+            return
+        if peer.refused:
+            if message.kind == REQUEST:
+                self._send(peer, message.id, Reply(ERROR, [], [], peer.refused))
             return
         assert peer.arenas is not None, "a hop's first message names its arenas"
         requests_arena, responses_arena = peer.arenas

@@ -59,6 +59,7 @@ from kubetriton.transport import (
     encode_column,
     encode_message,
     encode_tensor,
+    hello_text,
     keep_freed_memory,
 )
 
@@ -254,7 +255,7 @@ class TritonPythonModel:
         if self._hop is None:
             hop = self._connect()
             try:
-                hop.send([encode_message(HELLO, text="\0".join(self._arena_paths))])
+                hop.send([encode_message(HELLO, text=hello_text(*self._arena_paths))])
             except OSError:
                 hop.close()
                 raise self._not_attached() from None
