@@ -600,8 +600,8 @@ def encode_column(
     Where every array would go through the arena, and all are numeric of one dtype, they go into one
     block, one after another: one allocation, one copy (`np.concatenate` into the block, where the arrays
     differ only along the batch axis), one block for the reader to pin and release, and the whole
-    column lies in memory as `@batch` joins it (`join_adjacent`). Otherwise, or where no free range fits
-    the whole column, each array is encoded on its own."""
+    column lies in memory as one array (`decode_inputs`). Otherwise, or where no free range fits the
+    whole column, each array is encoded on its own."""
     first = arrays[0]
     dtype = first.dtype
     if (

@@ -482,12 +482,13 @@ class InstanceServer(threading.Thread):
         try:
             requests = self._decode_requests(peer, message, data, requests_arena)
             result = self._call(requests)
+            batch_sizes = self._batch_sizes(message)
             if type(result) is SplitOutputs:
-                reply = self._encode_split(result, self._batch_sizes(message), responses_arena)
+                reply = self._encode_split(result, batch_sizes, responses_arena)
                 if reply is not None:
                     return reply
             try:
-                responses = self._checked(result, self._batch_sizes(message), requests)
+                responses = self._checked(result, batch_sizes, requests)
             except SomeRequestsFailed as failed:
                 return self._partial_reply(failed, self._encode_responses(failed.outputs, responses_arena))
             return self._encode_responses(responses, responses_arena)

@@ -205,7 +205,7 @@ class TritonPythonModel:
                 ]
             else:
                 # Input by input, so that each input of the whole batch lies in one block of the arena,
-                # where `@batch` takes it as one array without copying (`join_adjacent`).
+                # which the worker hands to `@batch` as one array without copying (`decode_inputs`).
                 for name, rows in _columns(requests).items():
                     arrays = [tensor.as_numpy() for _, tensor in rows]
                     descriptors = encode_column(name, arrays, frames, arena, allocated, inline_limit)
