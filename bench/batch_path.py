@@ -481,7 +481,7 @@ def breakdown(batch_size: int = 16, rounds: int = 300) -> dict[str, float]:
         RequestBatch,
         decode_inputs,
         decode_message,
-        decode_tensor,
+        decode_rows,
         encode_column,
         encode_message,
         encode_rows,
@@ -536,7 +536,8 @@ def breakdown(batch_size: int = 16, rounds: int = 300) -> dict[str, float]:
             now = step("worker: request header", now)
             released: list[int] = []
             inputs, columns, _pinned = decode_inputs(message.entries, frames, requests_arena, released.append)
-            requests = RequestBatch([Request(arrays) for arrays in inputs], columns)
+            sizes = [entry[0][0][2][0] for entry in message.entries]
+            requests = RequestBatch([Request(arrays) for arrays in inputs], columns, sizes)
             now = step("worker: inputs as arrays, the requests", now)
             copied = np.concatenate([request["image"] for request in requests])
             now = step("(np.concatenate of the batch)", now)
@@ -553,7 +554,8 @@ def breakdown(batch_size: int = 16, rounds: int = 300) -> dict[str, float]:
             now = time.thread_time_ns()
             answer = decode_message(memoryview(reply_header))
             decoded = [
-                [decode_tensor(d, out_frames, responses_arena) for d in entry] for entry in answer.entries
+                decode_rows(column, out_frames, responses_arena)
+                for column in zip(*answer.entries, strict=True)
             ]
             now = step("proxy: reply header and outputs", now)
             for offset in allocated:

@@ -141,7 +141,7 @@ def test_batch_takes_the_workers_whole_input_only_while_the_requests_hold_its_pa
         seen["x"] = x
         return {"y": x + 1}
 
-    requests = RequestBatch([Request(data={"x": part}) for part in parts], {"x": (whole, parts)})
+    requests = RequestBatch([Request(data={"x": part}) for part in parts], {"x": (whole, parts)}, [1, 3])
     assert [response["y"].tolist() for response in identity(requests)] == [[[1, 2]], [[3, 4], [5, 6], [7, 8]]]
     assert seen["x"] is whole
     requests[1]["x"] = frozen(np.zeros((1, 2), np.float32))

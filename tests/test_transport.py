@@ -33,12 +33,15 @@ from kubetriton.transport import (
     BusyPoll,
     Hop,
     RequestBatch,
+    SplitOutputs,
     decode_inputs,
     decode_message,
+    decode_rows,
     decode_tensor,
     deserialize_bytes,
     encode_column,
     encode_message,
+    encode_rows,
     encode_tensor,
     frame_block,
     hello_text,
@@ -210,6 +213,74 @@ def test_one_input_of_a_batch_crosses_in_one_block_pinned_until_its_last_array_i
     del last
     assert released == allocated[:1]
     arena.close(unlink=True)
+
+
+def test_a_batch_knows_its_columns_only_while_every_request_holds_what_it_came_with(tmp_path):
+    """`intact_columns`: the whole arrays while each request holds the same names and the very arrays the
+    worker made; None once any request changed, or where the batch has no sizes (a model without batching)."""
+    arena = Arena(str(tmp_path / "requests"), 1024 * 1024, create=True)
+    frames: list = []
+    images = [np.full((rows, 2, 4), rows, np.float16) for rows in (1, 2, 1)]
+    descriptors = encode_column("image", images, frames, arena, [], 0)
+    entries = [([descriptor], "", None) for descriptor in descriptors]
+    inputs, columns, _ = decode_inputs(entries, frames, arena, lambda block: None)
+
+    def batch(sizes: list[int] | None = None) -> RequestBatch:
+        return RequestBatch(
+            [Request(dict(arrays)) for arrays in inputs], columns, [1, 2, 1] if sizes is None else sizes
+        )
+
+    whole = batch().intact_columns()
+    assert whole is not None and np.array_equal(whole["image"], np.concatenate(images))
+    assert RequestBatch([Request(dict(arrays)) for arrays in inputs], columns).intact_columns() is None
+    replaced = batch()
+    replaced[1]["image"] = replaced[1]["image"].copy()
+    added = batch()
+    added[2]["mask"] = np.ones((1, 2), bool)
+    reordered = batch()
+    reordered.reverse()
+    dropped = batch()
+    del dropped[0]
+    swapped = batch()
+    swapped[0] = {"image": swapped[0]["image"]}  # a dict instead of a Request
+    for changed in (replaced, added, reordered, dropped, swapped):
+        assert changed.intact_columns() is None
+    arena.close(unlink=True)
+
+
+@pytest.mark.parametrize("inline_limit", [1 << 20, 0], ids=["inline", "arena"])
+def test_rows_of_a_whole_output_come_back_as_each_requests_array(tmp_path, inline_limit):
+    """`decode_rows` undoes `encode_rows`: each request's rows of the one frame or block; descriptors that do
+    not lie one after another in one place are left to `decode_tensor`."""
+    arena = Arena(str(tmp_path / "responses"), 1024 * 1024, create=True)
+    frames: list = []
+    output = np.arange(4 * 3, dtype=np.int32).reshape(4, 3)
+    column = encode_rows("y", output, [1, 2, 1], frames, arena, [], inline_limit)
+    rows = decode_rows(column, frames, arena)
+    assert rows is not None
+    assert [part.tolist() for part in rows] == [
+        output[:1].tolist(),
+        output[1:3].tolist(),
+        output[3:].tolist(),
+    ]
+    apart = [encode_tensor("y", output[row : row + 1], frames, arena, [], inline_limit) for row in range(2)]
+    assert decode_rows(apart, frames, arena) is None
+    arena.close(unlink=True)
+
+
+def test_batch_outputs_are_whole_only_while_every_response_holds_the_slices_made_of_them():
+    outputs = {"y": np.arange(8).reshape(4, 2), "z": np.arange(4).reshape(4, 1)}
+    split = SplitOutputs(outputs, [1, 3])
+    assert [response["y"].tolist() for response in split] == [[[0, 1]], [[2, 3], [4, 5], [6, 7]]]
+    assert split.whole() is outputs and split.sizes == [1, 3]
+    rewritten = SplitOutputs(outputs, [1, 3])
+    rewritten[1]["z"] = rewritten[1]["z"] * 2
+    grown = SplitOutputs(outputs, [1, 3])
+    grown[0]["extra"] = np.ones(1)
+    replaced = SplitOutputs(outputs, [1, 3])
+    replaced[0] = dict(replaced[0])
+    for changed in (rewritten, grown, replaced):
+        assert changed.whole() is None
 
 
 def test_a_column_that_cannot_share_a_block_crosses_array_by_array(tmp_path):

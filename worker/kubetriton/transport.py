@@ -34,9 +34,11 @@ from __future__ import annotations
 import bisect
 import contextlib
 import ctypes
+import itertools
 import marshal
 import math
 import mmap
+import operator
 import os
 import select
 import socket
@@ -604,16 +606,17 @@ def encode_column(
     whole column, each array is encoded on its own."""
     first = arrays[0]
     dtype = first.dtype
+    sizes = [array.nbytes for array in arrays]
     if (
         len(arrays) == 1
         or arena is None
         or arena.size == 0
         or dtype.kind not in "biuf"
-        or any(array.dtype != dtype or array.nbytes <= inline_limit for array in arrays)
+        or min(sizes) <= inline_limit
+        or [array.dtype for array in arrays].count(dtype) != len(arrays)
     ):
         return [encode_tensor(name, array, frames, arena, allocated, inline_limit) for array in arrays]
     code = _dtype_code(dtype)
-    sizes = [array.nbytes for array in arrays]
     total = sum(sizes)
     try:
         block = arena.allocate(total)
@@ -622,19 +625,18 @@ def encode_column(
     allocated.append(block)
     target = arena.buffer[block : block + total].view(dtype)
     sample_shape = first.shape[1:]
-    if first.ndim and all(array.ndim and array.shape[1:] == sample_shape for array in arrays):
+    if 0 not in [array.ndim for array in arrays] and {array.shape[1:] for array in arrays} == {sample_shape}:
         np.concatenate(arrays, out=target.reshape((-1, *sample_shape)))
     else:
         start = 0
         for array in arrays:
             np.copyto(target[start : start + array.size].reshape(array.shape), array)
             start += array.size
-    descriptors = []
-    position = block
-    for array, nbytes in zip(arrays, sizes, strict=True):
-        descriptors.append((name, code, array.shape, block, position, nbytes))
-        position += nbytes
-    return descriptors
+    positions = itertools.accumulate(sizes[:-1], initial=block)
+    return [
+        (name, code, array.shape, block, position, nbytes)
+        for array, position, nbytes in zip(arrays, positions, sizes, strict=True)
+    ]
 
 
 class _Adjacent:
@@ -679,49 +681,97 @@ def encode_rows(
     code = _dtype_code(array.dtype)
     sample_shape = array.shape[1:]
     row_bytes = array.itemsize * math.prod(sample_shape)
-    descriptors = []
-    for count in rows:
-        descriptors.append((name, code, (count, *sample_shape), block, position, count * row_bytes))
-        position += count * row_bytes
-    return descriptors
+    ends = list(itertools.accumulate(rows))
+    return [
+        (name, code, (count, *sample_shape), block, position + (end - count) * row_bytes, count * row_bytes)
+        for count, end in zip(rows, ends, strict=True)
+    ]
 
 
 class SplitOutputs(list):
-    """What `@batch` returns: each request's outputs, slices of the batch's outputs, which it also holds,
-    so that the worker can check and send each output once for the whole batch (`whole`)."""
+    """What `@batch` returns: each request's outputs, its rows of each of the batch's outputs, which it
+    also holds, so that the worker can check and send each output once for the whole batch (`whole`)."""
 
-    def __init__(
-        self, responses: list[dict[str, np.ndarray]], outputs: dict[str, np.ndarray], sizes: list[int]
-    ) -> None:
+    def __init__(self, outputs: dict[str, np.ndarray], sizes: list[int]) -> None:
+        ends = list(itertools.accumulate(sizes))
+        starts = [0, *ends[:-1]]
+        self._slices = {
+            name: [value[start:end] for start, end in zip(starts, ends, strict=True)]
+            for name, value in outputs.items()
+        }
+        if len(outputs) == 1:
+            ((name, slices),) = self._slices.items()
+            responses = [{name: part} for part in slices]
+        else:
+            names = list(outputs)
+            responses = [
+                dict(zip(names, row, strict=True)) for row in zip(*self._slices.values(), strict=True)
+            ]
         super().__init__(responses)
         self._outputs = outputs
-        self._slices = [tuple(response.values()) for response in responses]
+        self._made = responses
         self.sizes = sizes
         """Each request's rows of the outputs."""
 
     def whole(self) -> dict[str, np.ndarray] | None:
-        """The batch's outputs, while every response still holds the very slices `@batch` made of them,
-        and nothing else; None once a callable or decorator replaced, added or dropped any."""
-        if len(self) != len(self._slices):
+        """The batch's outputs, while every response is still the dict `@batch` made, holding the very
+        slices it made and nothing else; None once a callable or decorator replaced, added or dropped
+        any."""
+        made = self._made
+        if (
+            len(self) != len(made)
+            or not all(map(operator.is_, self, made))
+            or not all(map(len(self._outputs).__eq__, map(len, made)))
+        ):
             return None
-        for response, slices in zip(self, self._slices, strict=True):
-            if type(response) is not dict or len(response) != len(slices):
+        for name, slices in self._slices.items():
+            if not all(map(operator.is_, map(dict.get, made, itertools.repeat(name)), slices)):
                 return None
-            for value, sliced in zip(response.values(), slices, strict=True):
-                if value is not sliced:
-                    return None
         return self._outputs
+
+
+_REQUEST_DATA = operator.attrgetter("data")
+"""A `Request`'s arrays by input name."""
 
 
 class RequestBatch(list):
     """The requests of one batch as the worker hands them to the callable: a list of its `Request`s that
-    also holds each input that crossed in one column block (`encode_column`) as one array, so that
-    `@batch` need not check where each request's array lies (`joined`)."""
+    also holds each input that crossed in one column block (`encode_column`) as one array, and each
+    request's batch size, so that `@batch` need neither check where each request's array lies nor read
+    its size (`intact_columns`, `joined`)."""
 
-    def __init__(self, requests: list[Any], columns: dict[str, tuple[np.ndarray, list[np.ndarray]]]) -> None:
+    def __init__(
+        self,
+        requests: list[Any],
+        columns: dict[str, tuple[np.ndarray, list[np.ndarray]]],
+        sizes: list[int] | None = None,
+    ) -> None:
         super().__init__(requests)
         self.columns = columns
         """Input name: (the whole batch's array, each request's array as the worker made it, in order)."""
+        self.sizes = sizes
+        """Each request's batch size, the first axis of its first input; None where the model does not
+        batch."""
+        self._names = tuple(requests[0].data) if requests else ()
+
+    def intact_columns(self) -> dict[str, np.ndarray] | None:
+        """Each column input of the batch as one read-only array, while every request holds the inputs
+        it came with: the same names in the same order, the very arrays the worker made of each column,
+        and a column first (so `sizes` holds). None otherwise: a callable or decorator changed a
+        request, or the batch has no sizes or its first input did not cross as a column."""
+        columns, names = self.columns, self._names
+        if self.sizes is None or not names or names[0] not in columns or len(self) != len(self.sizes):
+            return None
+        try:
+            inputs = list(map(_REQUEST_DATA, self))
+        except AttributeError:  # not a Request
+            return None
+        if not all(map(names.__eq__, map(tuple, inputs))):
+            return None
+        for name, (_, parts) in columns.items():
+            if not all(map(operator.is_, map(dict.get, inputs, itertools.repeat(name)), parts)):
+                return None
+        return {name: whole for name, (whole, _) in columns.items()}
 
     def joined(self, name: str, arrays: Sequence[np.ndarray]) -> np.ndarray | None:
         """The input `name` of the whole batch as one read-only array, while `arrays` are the very arrays
@@ -745,27 +795,28 @@ def decode_inputs(
     `decode_tensor`), the inputs that fill one column block as (the whole batch's array, each request's
     array), and the arena blocks the arrays pin.
 
-    A column's arrays are slices of its whole array, made in one step each."""
-    count = len(entries)
+    The proxy lists every request's inputs in the same order, so a column is the descriptors in one place
+    of every entry; each request's array of a column is a slice of its whole array."""
     pinned: dict[int, np.ndarray] = {}
     columns: dict[str, tuple[np.ndarray, list[np.ndarray]]] = {}
-    if count > 1:
-        in_arena: dict[str, list[Descriptor]] = {}
-        for descriptors, _parameters, _outputs in entries:
-            for descriptor in descriptors:
-                if descriptor[3] >= 0:
-                    in_arena.setdefault(descriptor[0], []).append(descriptor)
-        for name, descriptors in in_arena.items():
-            if len(descriptors) == count:
-                whole = _whole_column(descriptors, arena, on_release, pinned)
-                if whole is not None:
-                    parts, row = [], 0
-                    for descriptor in descriptors:
-                        rows = descriptor[2][0]
-                        parts.append(whole[row : row + rows])
-                        row += rows
-                    columns[name] = (whole, parts)
-    inputs: list[dict[str, np.ndarray]] = []
+    widths = {len(descriptors) for descriptors, _, _ in entries}
+    if len(entries) > 1 and arena is not None:
+        for place in range(min(widths)):
+            column = [descriptors[place] for descriptors, _, _ in entries]
+            whole = _whole_column(column, arena, on_release, pinned)
+            if whole is not None:
+                rows = [descriptor[2][0] for descriptor in column]
+                ends = list(itertools.accumulate(rows))
+                columns[column[0][0]] = (
+                    whole,
+                    [whole[end - count : end] for count, end in zip(rows, ends, strict=True)],
+                )
+    if columns and widths == {len(columns)}:  # every input of every request is in a column
+        names = list(columns)
+        parts = [parts for _, parts in columns.values()]
+        inputs = [dict(zip(names, row, strict=True)) for row in zip(*parts, strict=True)]
+        return inputs, columns, set(pinned)
+    inputs = []
     for index, (descriptors, _parameters, _outputs) in enumerate(entries):
         arrays = {}
         for descriptor in descriptors:
@@ -779,36 +830,66 @@ def decode_inputs(
 
 
 def _whole_column(
-    descriptors: Sequence[Descriptor],
-    arena: Arena | None,
+    column: Sequence[Descriptor],
+    arena: Arena,
     on_release: Callable[[int], None],
     pinned: dict[int, np.ndarray],
 ) -> np.ndarray | None:
-    """The array over a column block that `descriptors` fill one after another, with one numeric dtype
-    and sample shape, pinning the block; None where they do not."""
-    _name, code, shape, block, position, _nbytes = descriptors[0]
-    dtype = _DTYPES.get(code) or _new_dtype(code)
-    if arena is None or not shape or dtype is _OBJECT:
+    """The array over a column block that `column`'s descriptors fill (`_column_layout`), pinning the
+    block; None where they do not fill one."""
+    layout = _column_layout(column)
+    if layout is None or layout[2] < 0:
         return None
-    sample_shape = shape[1:]
-    end = position
-    rows = 0
-    for descriptor in descriptors:
-        if descriptor[3] != block or descriptor[4] != end or descriptor[1] != code:
-            return None
-        shape = descriptor[2]
-        if not shape or shape[1:] != sample_shape:
-            return None
-        end += descriptor[5]
-        rows += shape[0]
+    dtype, sample_shape, block, start, end = layout
     base = pinned.get(block)
     if base is None:
         base = pinned[block] = np.frombuffer(arena.memory[block:], np.uint8)
         weakref.finalize(base, on_release, block)
-    whole = base[position - block : end - block].view(dtype).reshape((rows, *sample_shape))
+    whole = base[start - block : end - block].view(dtype).reshape((-1, *sample_shape))
     if whole.flags.writeable:
         whole.flags.writeable = False
     return whole
+
+
+def decode_rows(column: Sequence[Descriptor], frames: Sequence[Any], arena: Arena) -> list[np.ndarray] | None:
+    """The arrays of one output of every request of a batch, where `encode_rows` put them one after
+    another (`_column_layout`): views of the frame or block that the caller must drop before the block
+    is reused, as `decode_tensor`'s without `on_release`; None where they do not lie so."""
+    layout = _column_layout(column)
+    if layout is None:
+        return None
+    dtype, sample_shape, block, start, end = layout
+    if block < 0:
+        data = np.frombuffer(frames[frame_block(block)], np.uint8)[start:end]
+    else:
+        data = arena.buffer[start:end]
+    whole = data.view(dtype).reshape((-1, *sample_shape))
+    ends = list(itertools.accumulate(descriptor[2][0] for descriptor in column))
+    return [whole[end - descriptor[2][0] : end] for descriptor, end in zip(column, ends, strict=True)]
+
+
+def _column_layout(column: Sequence[Descriptor]) -> tuple[np.dtype, tuple[int, ...], int, int, int] | None:
+    """Where `column`'s descriptors, one tensor of each request of a batch, fill a range of one block or
+    frame one after another, with one name, one numeric dtype and one sample shape: (the dtype, the
+    sample shape, the block, the range's start and end); None where they do not, or hold no data."""
+    names, codes, shapes, blocks, positions, sizes = zip(*column, strict=True)
+    name, code, shape, block, start = names[0], codes[0], shapes[0], blocks[0], positions[0]
+    dtype = _DTYPES.get(code) or _new_dtype(code)
+    if not shape or dtype is _OBJECT:
+        return None
+    count = len(column)
+    sample_shape = shape[1:]
+    end = positions[-1] + sizes[-1]
+    if (
+        end == start
+        or names.count(name) != count
+        or codes.count(code) != count
+        or blocks.count(block) != count
+        or list(itertools.accumulate(sizes[:-1], initial=start)) != list(positions)
+        or {shape[1:] for shape in shapes} != {sample_shape}
+    ):
+        return None
+    return dtype, sample_shape, block, start, end
 
 
 def join_adjacent(arrays: Sequence[np.ndarray]) -> np.ndarray | None:

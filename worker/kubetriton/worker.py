@@ -62,7 +62,6 @@ from kubetriton.transport import (
     Arena,
     ArenaFullError,
     BusyPoll,
-    Descriptor,
     Hop,
     Message,
     RequestBatch,
@@ -462,13 +461,10 @@ class InstanceServer(threading.Thread):
             Request(arrays, json.loads(parameters) if parameters else {}, outputs)
             for arrays, (_, parameters, outputs) in zip(inputs, message.entries, strict=True)
         ]
-        return RequestBatch(requests, columns)
-
-    def _batch_sizes(self, message: Message) -> list[int | None]:
-        """Each request's batch size: the first dimension of its inputs, when the model batches."""
-        if not self._batching:
-            return [None] * len(message.entries)
-        return [inputs[0][2][0] if inputs else None for inputs, _, _ in message.entries]
+        sizes = None
+        if self._batching:  # the first dimension of each request's first input
+            sizes = [descriptors[0][2][0] if descriptors else None for descriptors, _, _ in message.entries]
+        return RequestBatch(requests, columns, sizes)
 
     def _reply(
         self,
@@ -482,7 +478,7 @@ class InstanceServer(threading.Thread):
         try:
             requests = self._decode_requests(peer, message, data, requests_arena)
             result = self._call(requests)
-            batch_sizes = self._batch_sizes(message)
+            batch_sizes = requests.sizes or [None] * len(requests)
             if type(result) is SplitOutputs:
                 reply = self._encode_split(result, batch_sizes, responses_arena)
                 if reply is not None:
@@ -516,10 +512,10 @@ class InstanceServer(threading.Thread):
     ) -> Iterator[Reply]:
         """The replies of a decoupled model: one per yielded item, then a final message. A stream whose
         clients all cancelled, or whose proxy went away, closes the generator and ends at once."""
-        batch_sizes = self._batch_sizes(message)
         result = None
         try:
             requests = self._decode_requests(peer, message, data, requests_arena)
+            batch_sizes = requests.sizes or [None] * len(requests)
             result = self._call(requests)
             for item in _items(result):
                 try:
@@ -609,19 +605,25 @@ class InstanceServer(threading.Thread):
         total = sum(result.sizes)
         frames: list[Any] = []
         allocated: list[int] = []
-        entries: list[list[Descriptor]] = [[] for _ in batch_sizes]
         inline_limit = self._transport.inline_limit
         try:
-            for name in self._checker.outputs:
-                array = self._checker.check_array(name, outputs[name], total)
-                descriptors = encode_rows(name, array, result.sizes, frames, arena, allocated, inline_limit)
-                for entry, descriptor in zip(entries, descriptors, strict=True):
-                    entry.append(descriptor)
+            columns = [
+                encode_rows(
+                    name,
+                    self._checker.check_array(name, outputs[name], total),
+                    result.sizes,
+                    frames,
+                    arena,
+                    allocated,
+                    inline_limit,
+                )
+                for name in self._checker.outputs
+            ]
         except (ResponseError, ArenaFullError):
             for offset in allocated:
                 arena.free(offset)
             return None
-        return Reply(REPLY, entries, frames)
+        return Reply(REPLY, [list(entry) for entry in zip(*columns, strict=True)], frames)
 
     def _encode_responses(self, responses: Sequence[dict[str, np.ndarray]], arena: Arena) -> Reply:
         frames: list[Any] = []

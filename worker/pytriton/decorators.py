@@ -242,23 +242,13 @@ def batch(func: Callable[..., Any]) -> Callable[..., Any]:
         leading, requests = _requests_argument(args, "batch")
         if not requests:
             return []
-        names = list(requests[0].keys())
-        for index, request in enumerate(requests[1:], start=1):
-            if set(request.keys()) != set(names):
-                raise PyTritonValidationError(
-                    f"Cannot batch requests with different inputs: request 0 has {sorted(names)}, "
-                    f"request {index} has {sorted(request.keys())}; put @group_by_keys above @batch"
-                )
+        inputs, sizes = _batch_inputs(requests)
         if kwargs:  # keyword arguments beside the requests are rare
-            clashing = sorted(set(names) & set(kwargs))
+            clashing = sorted(set(inputs) & set(kwargs))
             if clashing:
                 raise PyTritonValidationError(
                     f"@batch inputs {clashing} clash with keyword arguments of the call"
                 )
-        inputs = {
-            name: _concatenate(name, [request[name] for request in requests], requests) for name in names
-        }
-        sizes = [get_inference_request_batch_size(request) for request in requests]
         context = _with_parameters(active_context(), _shared_parameters(requests))
 
         def split(result: Any) -> list[dict[str, Any] | Request]:
@@ -276,21 +266,42 @@ def batch(func: Callable[..., Any]) -> Callable[..., Any]:
                     )
             if len(sizes) == 1:
                 return [_response(outputs, positional)]
+            if not positional:  # the worker checks and sends each output once for the batch (`whole`)
+                return SplitOutputs(outputs, sizes)
             responses = []
             start = 0
             for size in sizes:
                 responses.append(
-                    _response(
-                        {name: value[start : start + size] for name, value in outputs.items()}, positional
-                    )
+                    Request(data={name: value[start : start + size] for name, value in outputs.items()})
                 )
                 start += size
-            # the worker checks and sends each output once for the batch while the responses are these
-            return responses if positional else SplitOutputs(responses, outputs, sizes)
+            return responses
 
         return _map_result(_invoke(context, func, *leading, **kwargs, **inputs), split)
 
     return wrapper
+
+
+def _batch_inputs(requests: Sequence[Request]) -> tuple[dict[str, np.ndarray], list[int]]:
+    """Each input of the requests as one array, and each request's batch size."""
+    columns = requests.intact_columns() if type(requests) is RequestBatch else None
+    if columns is not None:  # as the worker made them: names checked, sizes known, columns joined
+        inputs = {
+            name: columns[name]
+            if name in columns
+            else _concatenate(name, [request[name] for request in requests], requests)
+            for name in requests[0]
+        }
+        return inputs, requests.sizes
+    names = list(requests[0].keys())
+    for index, request in enumerate(requests[1:], start=1):
+        if set(request.keys()) != set(names):
+            raise PyTritonValidationError(
+                f"Cannot batch requests with different inputs: request 0 has {sorted(names)}, "
+                f"request {index} has {sorted(request.keys())}; put @group_by_keys above @batch"
+            )
+    inputs = {name: _concatenate(name, [request[name] for request in requests], requests) for name in names}
+    return inputs, [get_inference_request_batch_size(request) for request in requests]
 
 
 def triton_context(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -55,6 +55,7 @@ from kubetriton.transport import (
     Hop,
     Message,
     decode_message,
+    decode_rows,
     decode_tensor,
     encode_column,
     encode_message,
@@ -146,7 +147,7 @@ class TritonPythonModel:
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.text)) for _ in requests]
         if reply.kind == PARTIAL:
             return [self._response_or_error(entry, data) for entry in reply.entries]
-        return [self._response(outputs, data) for outputs in reply.entries]
+        return self._responses(reply.entries, data)
 
     def _execute_decoupled(self, requests: list[Any]) -> None:
         senders = [request.get_response_sender() for request in requests]
@@ -216,13 +217,15 @@ class TritonPythonModel:
             if hop.peer_closed():  # the arena may be full of blocks that the departed worker held
                 raise ConnectionResetError("the worker went away") from None
             raise ArenaFullError(f"Request to model '{self._model}' is too large: {error}") from None
-        entries = []
-        for request, descriptors in zip(requests, inputs, strict=True):
-            parameters = request.parameters()
-            outputs = request.requested_output_names()
-            entries.append(
-                (descriptors, "" if parameters == "{}" else parameters, sorted(outputs) if outputs else None)
+        entries = [
+            (descriptors, "" if parameters == "{}" else parameters, sorted(outputs) if outputs else None)
+            for descriptors, parameters, outputs in zip(
+                inputs,
+                [request.parameters() for request in requests],
+                [request.requested_output_names() for request in requests],
+                strict=True,
             )
+        ]
         self._next_id += 1
         released, self._released_responses = self._released_responses, []
         flags = DECOUPLED if self._decoupled else 0
@@ -307,6 +310,27 @@ class TritonPythonModel:
         if self._hop is not None:
             with contextlib.suppress(OSError):
                 self._hop.send([encode_message(CONTROL, message_id, released=released, flags=flags)])
+
+    def _responses(self, entries: list[list[Descriptor]], data: list[memoryview]) -> list[Any]:
+        """The responses of a REPLY. Where each output of the whole batch lies in one frame or block (the
+        worker's `encode_rows`), it is decoded once and each request's rows are a slice of it."""
+        if len(entries) > 1 and entries[0] and len(set(map(len, entries))) == 1:
+            columns = list(zip(*entries, strict=True))
+            decoded = [decode_rows(column, data, self._responses_arena) for column in columns]
+            if None not in decoded:
+                names = [column[0][0] for column in columns]
+                responses = [
+                    pb_utils.InferenceResponse(
+                        output_tensors=[
+                            pb_utils.Tensor(name, rows) for name, rows in zip(names, row, strict=True)
+                        ]
+                    )
+                    for row in zip(*decoded, strict=True)
+                ]
+                released = self._released_responses
+                released.extend({column[0][3] for column in columns if column[0][3] >= 0})
+                return responses
+        return [self._response(outputs, data) for outputs in entries]
 
     def _response(self, outputs: list[Descriptor], data: list[memoryview]) -> Any:
         tensors = []
