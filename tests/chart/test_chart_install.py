@@ -125,6 +125,9 @@ def test_customized_values_reach_the_pod() -> None:
         resources={"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},  # merged
         enabled_by_default=True,
         cluster_domain="corp.example",
+        image_pull_secrets=[{"name": "mirror-pull"}],
+        node_selector={"node-role.example.com/edge": "true"},
+        tolerations=[{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
     )
     assert container["resources"] == values["resources"]
     assert pod["serviceAccountName"] == "triton-operator-sa"

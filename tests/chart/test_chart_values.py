@@ -36,6 +36,12 @@ BAD_VALUES: dict[str, dict[str, Any]] = {
     "router on by default as a string": {"router": {"enabledByDefault": "yes"}},
     "router image without a repository": {"router": {"image": {"repository": "", "tag": "2.8"}}},
     "cluster domain with a trailing dot": {"clusterDomain": "cluster.local."},
+    "router pull secret as a string": {"router": {"imagePullSecrets": ["regcred"]}},
+    "router node label as a number": {"router": {"nodeSelector": {"zone": 1}}},
+    "router toleration with a misspelt field": {
+        "router": {"tolerations": [{"key": "a", "efect": "NoSchedule"}]}
+    },
+    "toleration with an unknown effect": {"tolerations": [{"key": "a", "effect": "Sometimes"}]},
 }
 
 GOOD_VALUES: dict[str, dict[str, Any]] = {
@@ -44,6 +50,11 @@ GOOD_VALUES: dict[str, dict[str, Any]] = {
     "integer cpu": {"resources": {"requests": {"cpu": 2}}},
     "no test hook": {"test": {"enabled": False}},
     "routers for every model": {"router": {"enabledByDefault": True}},
+    "routers on tainted nodes": {
+        "router": {
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]
+        }
+    },
 }
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 from kubetriton.operator import children, naming, router
+from kubetriton.operator import main as operator_main
 from kubetriton.operator.router import RouterSettings
-from test_operator_builders import model_with
+from test_operator_builders import KUBERNETES_VERSION, model_with
 
 SETTINGS = RouterSettings(image="registry.example.com/haproxy:2.8", cluster_domain="corp.example")
 
@@ -63,6 +66,45 @@ def test_two_non_root_haproxy_pods_read_the_config_map_and_roll_when_it_changes(
     assert checksum() == checksum(replicas=5), "scaling does not roll the router"
     assert checksum() != checksum(drainSeconds=90)
     assert checksum() != checksum(autoscaling={"maxReplicas": 200})
+
+
+def test_router_pods_run_where_the_operator_places_them() -> None:
+    """The operator's pull secrets, nodeSelector and tolerations reach every router pod, which passes the
+    Kubernetes schema; without them the pod names none."""
+    placed = RouterSettings(
+        image_pull_secrets=[{"name": "mirror-pull"}],
+        node_selector={"node-role.example.com/edge": "true"},
+        tolerations=[{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+    )
+    deployment = children.build_router_deployment(model_with(router=True), placed)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "mirror-pull"}]
+    assert pod["nodeSelector"] == {"node-role.example.com/edge": "true"}
+    assert pod["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    ]
+    kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+    plain = children.build_router_deployment(model_with(router=True), SETTINGS)["spec"]["template"]["spec"]
+    assert not {"imagePullSecrets", "nodeSelector", "tolerations"} & plain.keys()
+
+
+@pytest.mark.parametrize(
+    ("flag", "text", "message"),
+    [
+        ("--router-image-pull-secrets", '["regcred"]', '{"name": SECRET}'),
+        ("--router-node-selector", '{"zone": 1}', "values (strings)"),
+        ("--router-tolerations", '[{"key": "a", "efect": "NoSchedule"}]', "tolerationSeconds"),
+        ("--router-tolerations", "[{", "not JSON"),
+    ],
+)
+def test_the_operator_refuses_router_placement_it_cannot_use(
+    flag: str, text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser()
+    operator_main.add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args([f"{flag}={text}"])
+    assert message in capsys.readouterr().err
 
 
 def test_the_service_has_the_models_ports_and_the_routers_metrics() -> None:

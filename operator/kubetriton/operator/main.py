@@ -97,6 +97,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the router container's resources, as JSON (default: {json.dumps(router.DEFAULT_RESOURCES)})",
     )
     routers.add_argument(
+        "--router-image-pull-secrets",
+        type=_pull_secrets,
+        default=(),
+        metavar="JSON",
+        help="secrets in each model's namespace for pulling the router image, as a JSON list: "
+        '[{"name": "regcred"}] (default: none)',
+    )
+    routers.add_argument(
+        "--router-node-selector",
+        type=_node_selector,
+        default={},
+        metavar="JSON",
+        help="the router pods' nodeSelector, as a JSON object of labels (default: any node)",
+    )
+    routers.add_argument(
+        "--router-tolerations",
+        type=_tolerations,
+        default=(),
+        metavar="JSON",
+        help="the router pods' tolerations, as a JSON list of Kubernetes tolerations (default: none)",
+    )
+    routers.add_argument(
         "--cluster-domain",
         default=router.DEFAULT_CLUSTER_DOMAIN,
         help="the cluster's DNS domain, in the name by which a router finds the pods (%(default)s)",
@@ -104,14 +126,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="log kopf's debug messages")
 
 
-def _resources(text: str) -> dict[str, Any]:
+def _json(text: str) -> Any:
     try:
-        resources = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as error:
         raise argparse.ArgumentTypeError(f"not JSON: {error}") from error
+
+
+def _resources(text: str) -> dict[str, Any]:
+    resources = _json(text)
     if not isinstance(resources, dict):
         raise argparse.ArgumentTypeError("a JSON object of requests and limits is expected")
     return resources
+
+
+def _pull_secrets(text: str) -> list[dict[str, str]]:
+    secrets = _json(text)
+    if not isinstance(secrets, list) or not all(
+        isinstance(secret, dict)
+        and secret.keys() == {"name"}
+        and isinstance(secret["name"], str)
+        and secret["name"]
+        for secret in secrets
+    ):
+        raise argparse.ArgumentTypeError('a JSON list of {"name": SECRET} objects is expected')
+    return secrets
+
+
+def _node_selector(text: str) -> dict[str, str]:
+    selector = _json(text)
+    if not isinstance(selector, dict) or not all(isinstance(value, str) for value in selector.values()):
+        raise argparse.ArgumentTypeError(
+            "a JSON object of node labels and their values (strings) is expected"
+        )
+    return selector
+
+
+TOLERATION_FIELDS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+
+
+def _tolerations(text: str) -> list[dict[str, Any]]:
+    tolerations = _json(text)
+    if not isinstance(tolerations, list) or not all(
+        isinstance(toleration, dict) and toleration.keys() <= TOLERATION_FIELDS for toleration in tolerations
+    ):
+        raise argparse.ArgumentTypeError(
+            f"a JSON list of tolerations is expected, each with some of {sorted(TOLERATION_FIELDS)}"
+        )
+    return tolerations
 
 
 def router_settings(args: argparse.Namespace) -> router.RouterSettings:
@@ -120,6 +182,9 @@ def router_settings(args: argparse.Namespace) -> router.RouterSettings:
         resources=args.router_resources,
         enabled_by_default=args.router_by_default,
         cluster_domain=args.cluster_domain,
+        image_pull_secrets=args.router_image_pull_secrets,
+        node_selector=args.router_node_selector,
+        tolerations=args.router_tolerations,
     )
 
 

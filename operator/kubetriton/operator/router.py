@@ -25,7 +25,7 @@ come from its command line, which the chart's `router` values set.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +73,14 @@ class RouterSettings:
     """Whether a model whose spec does not set `router` gets one."""
     cluster_domain: str = DEFAULT_CLUSTER_DOMAIN
     """HAProxy's resolver applies no search domains: it looks up the pods' fully qualified name."""
+    image_pull_secrets: Sequence[Mapping[str, str]] = ()
+    """Secrets in each model's namespace for pulling `image` (a mirror in a private registry)."""
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    """Where router pods may run, beside a model's pods or elsewhere; a model's own placement is its
+    spec's."""
+    tolerations: Sequence[Mapping[str, Any]] = ()
+    """Taints router pods tolerate: on clusters whose every node is tainted, they schedule nowhere
+    without."""
 
 
 DEFAULT_SETTINGS = RouterSettings()
@@ -234,6 +242,11 @@ def pod_template(
     }
     if settings.resources:
         container["resources"] = dict(settings.resources)
+    placement = {
+        "imagePullSecrets": [dict(secret) for secret in settings.image_pull_secrets],
+        "nodeSelector": dict(settings.node_selector),
+        "tolerations": [dict(toleration) for toleration in settings.tolerations],
+    }
     return {
         "metadata": {"labels": labels, "annotations": {CONFIG_CHECKSUM_ANNOTATION: checksum(config_text)}},
         "spec": {
@@ -263,6 +276,7 @@ def pod_template(
                     ]
                 }
             },
+            **{key: value for key, value in placement.items() if value},
         },
     }
 
