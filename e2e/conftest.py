@@ -60,6 +60,15 @@ def _helm_values(settings: Settings) -> dict[str, Any]:
     }
 
 
+def upgrade(settings: Settings, values: dict[str, Any]) -> None:
+    """`helm upgrade --wait` of the e2e release, with a configuration of its own: helm learns the cluster's
+    APIs when its configuration is made, and an API may have been added since."""
+    import helm_sdkpy  # see helm_config
+
+    config = helm_sdkpy.Configuration(namespace=settings.namespace)
+    asyncio.run(helm_sdkpy.Upgrade(config).run(RELEASE, str(CHART), values=values, wait=True, timeout=600))
+
+
 @pytest.fixture(scope="session")
 def helm_config(settings: Settings) -> Any:
     import helm_sdkpy  # here, not at the top: collection must work where it cannot be installed

@@ -11,7 +11,6 @@ operator images (KUBETRITON_E2E_OPERATOR_IMAGE_NEXT, _CHANGED; docs/e2e.md), and
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import difflib
 import itertools
@@ -38,7 +37,6 @@ from kubernetes import client
 
 from e2e import loadgen
 from e2e.cluster import (
-    CHART,
     GROUP,
     PLURAL,
     VERSION,
@@ -50,7 +48,7 @@ from e2e.cluster import (
     split_image,
     wait_for,
 )
-from e2e.conftest import RELEASE
+from e2e.conftest import RELEASE, upgrade
 from e2e.test_rollout import MODEL, SERVE, STREAM_MODEL
 
 KIT = Path(os.environ.get("KT_CLUSTER_DIR", "/nonexistent"))
@@ -510,15 +508,6 @@ FAILING = "ops-fails-at-start"
 COMPARISON = re.compile(r"(==|!=|>=|<=|>|<)\s*(?=[-+]?[\d.])")
 
 
-def _upgrade(settings: Settings, values: dict[str, Any]) -> None:
-    """`helm upgrade --wait` of the e2e release, with a configuration of its own: helm learns the cluster's
-    APIs when its configuration is made, and the rules' API may have been added since."""
-    import helm_sdkpy  # see conftest.helm_config
-
-    config = helm_sdkpy.Configuration(namespace=settings.namespace)
-    asyncio.run(helm_sdkpy.Upgrade(config).run(RELEASE, str(CHART), values=values, wait=True, timeout=600))
-
-
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -623,7 +612,7 @@ def test_prometheus_answers_every_panel_and_rule_and_the_not_ready_alert_fires(
             "dashboards": {"enabled": True},
             "prometheusRule": {"enabled": True, "notReadyFor": "30s"},
         }
-        _upgrade(settings, {**base, **observed})
+        upgrade(settings, {**base, **observed})
         rule = cluster.custom.get_namespaced_custom_object(
             "monitoring.coreos.com", "v1", settings.namespace, "prometheusrules", RELEASE
         )
@@ -702,7 +691,7 @@ def test_prometheus_answers_every_panel_and_rule_and_the_not_ready_alert_fires(
             prometheus.wait(30)
         stack.close()
         kubectl("delete", "pytritonmodel", FAILING, "-n", namespace, "--ignore-not-found", "--wait=true")
-        _upgrade(settings, base)
+        upgrade(settings, base)
         if created_crd:
             kubectl("delete", "crd", RULES_CRD["metadata"]["name"], "--ignore-not-found")
 
@@ -784,7 +773,7 @@ def test_upgrades_roll_models_only_when_the_generator_changes_and_a_few_at_a_tim
             pods = {name: set(cluster.model_pods(name, namespace)) for name in serving_models}
             loads = {pod: _load_counts(cluster, pod, namespace) for pod in (serving, "ops-load-b")}
 
-            _upgrade(settings, {**base, "image": {**base["image"], **split_image(same)}})
+            upgrade(settings, {**base, "image": {**base["image"], **split_image(same)}})
             leader = wait_for(
                 lambda: _leader_image(cluster, settings) == same, 300, "a leader of the rebuilt image"
             )
@@ -805,7 +794,7 @@ def test_upgrades_roll_models_only_when_the_generator_changes_and_a_few_at_a_tim
                 f"({leader})"
             )
 
-            _upgrade(
+            upgrade(
                 settings,
                 {
                     **base,
@@ -840,7 +829,7 @@ def test_upgrades_roll_models_only_when_the_generator_changes_and_a_few_at_a_tim
         for name in (*READY, *pending):
             kubectl("delete", "pytritonmodel", name, "-n", namespace, "--ignore-not-found", "--wait=false")
         wait_for(lambda: len(_deployments(cluster, namespace)) <= 1, 300, "the upgrade test's models to go")
-        _upgrade(settings, base)
+        upgrade(settings, base)
     changes = [
         (at, rolling)
         for (_, previous), (at, rolling) in itertools.pairwise([(0.0, []), *concurrent])

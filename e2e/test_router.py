@@ -11,6 +11,7 @@ on the pod its connection went to.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -18,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubetriton.operator import report
+from kubetriton.operator import naming, report
 
 from e2e import routerload
 from e2e.cluster import Cluster, Settings, kubectl, pytriton_model, wait_for
+from e2e.conftest import upgrade
 
 NAME = "routed"
 SLOW, ECHO = "Slow", "Echo"
@@ -75,9 +77,9 @@ def _model(image: str, replicas: int, generation: int) -> dict[str, Any]:
     )
 
 
-def _router_serving(cluster: Cluster, namespace: str) -> dict[str, Any] | None:
+def _router_serving(cluster: Cluster, namespace: str, name: str = NAME) -> dict[str, Any] | None:
     """The model once its status shows both router replicas ready and RouterReady true."""
-    model = cluster.model(NAME, namespace) or {}
+    model = cluster.model(name, namespace) or {}
     found = model.get("status") or {}
     ready = any(c["type"] == "RouterReady" and c["status"] == "True" for c in found.get("conditions", []))
     return model if ready and (found.get("router") or {}).get("readyReplicas") == 2 else None
@@ -204,3 +206,40 @@ def test_no_request_through_the_router_fails_while_the_pods_roll_or_go(
     for protocol in routerload.PROTOCOLS:
         assert sum(outcome[protocol]["pods"].values()) > 0, f"{protocol}: no answer"
         assert outcome[protocol]["failed"] == 0, outcome[protocol]["failures"]
+
+
+PLACED = "routed-placed"
+TAINT = "kubetriton.dev/e2e-routers-only"
+
+
+def test_routers_run_where_the_chart_places_them_on_a_node_the_models_pods_may_not_use(
+    release: dict[str, Any], cluster: Cluster, settings: Settings
+) -> None:
+    """router.nodeSelector and router.tolerations reach the router pods through the operator: with the node
+    tainted NoSchedule, which the model's own new pods do not tolerate, its routers start and serve."""
+    namespace = settings.models_namespace
+    (node,) = [item.metadata.name for item in cluster.core.list_node().items]
+    placement = {
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    model = _model(settings.worker_image, 1, 0)
+    model["metadata"]["name"] = PLACED
+    model["spec"]["router"] = False
+    upgrade(settings, {**release["config"], "router": placement})
+    try:
+        cluster.apply(model, namespace)
+        cluster.wait_until_serving(PLACED, namespace, 1, settings.ready_timeout_s)
+        kubectl("taint", "node", node, f"{TAINT}=yes:NoSchedule")
+        model["spec"]["router"] = True
+        cluster.apply(model, namespace)
+        wait_for(lambda: _router_serving(cluster, namespace, PLACED), settings.ready_timeout_s, "the routers")
+        selector = ",".join(f"{key}={value}" for key, value in naming.router_selector_labels(PLACED).items())
+        pods = cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
+        assert pods and all(pod.spec.node_selector == placement["nodeSelector"] for pod in pods)
+        assert all(any(t.key == TAINT for t in pod.spec.tolerations or []) for pod in pods)
+    finally:
+        with contextlib.suppress(AssertionError):  # not tainted: the test failed before
+            kubectl("taint", "node", node, f"{TAINT}-")
+        kubectl("delete", "pytritonmodel", PLACED, "-n", namespace, "--ignore-not-found", "--wait=true")
+        upgrade(settings, release["config"])
