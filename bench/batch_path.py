@@ -10,13 +10,17 @@ needs its batch in one array). Both servers run side by side, each with the mode
 16 and up to 64; rounds alternate between them, so both see the same machine. Per request it reports the
 CPU time of each process (tritonserver, the Python-backend stubs, the worker), and per batch the time
 Triton's statistics count as compute (input, infer and output: the whole `execute` of the model), with
-req/s and the ratios kubetriton / limit. kubetriton runs with the settings users get by default.
+req/s and the ratios kubetriton / limit. kubetriton runs with the settings users get by default. With
+`--against REVISION`, kubetriton at that git revision (a temporary worktree) serves beside them, its
+rounds alternating with the others': a change is judged against the same machine at the same time,
+whose drift between runs is often as large as the change.
 
 `tail` runs kubetriton alone with a callable that sleeps `SLEEP_MS` (releasing the GIL, as a model on a
 GPU waits for it), `max_batch_size` 64, as 2 and 4 worker processes (`kubetriton run --processes`) and as
 2 thread instances, at 32 and 64 clients, and reports p50, p90, p99 and p99 / p50.
 
-Usage: python bench/batch_path.py [limit|tail] [--rounds 3] [--seconds 8] [--json figures.json]
+Usage: python bench/batch_path.py [limit|tail] [--rounds 3] [--seconds 8] [--against REVISION]
+       [--json figures.json]
 """
 
 from __future__ import annotations
@@ -286,17 +290,20 @@ def kubetriton_server(
     sleep_ms: float,
     queue_delay_us: int = 0,
     trace: str = "",
+    tree: Path | None = None,
 ) -> Iterator[tuple[list[int], int]]:
     """kubetriton serving `models`, as one script (`python batch_path.py serve`) or under `kubetriton run
     --processes`, writing Triton's trace to the file `trace` if named; yields its ports and the pid at the
-    root of its processes."""
+    root of its processes. `tree`: another checkout's kubetriton (`checkout`) instead of this one."""
     ports = free_ports(3)
-    arguments = [__file__, "serve", json.dumps(models), str(instances), str(sleep_ms), str(queue_delay_us)]
+    script = str(tree / "bench" / "batch_path.py") if tree else __file__
+    arguments = [script, "serve", json.dumps(models), str(instances), str(sleep_ms), str(queue_delay_us)]
     arguments += [trace or "-", *map(str, ports)]
     if processes > 1:
         arguments = ["-m", "kubetriton.cli", "run", "--processes", str(processes), *arguments]
+    environment = {**os.environ, "PYTHONPATH": str(tree / "worker")} if tree else None
     server = subprocess.Popen(
-        [sys.executable, *arguments], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, *arguments], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment
     )
     try:
         _wait_until_ready(ports[0], [name for name, _ in models], server)
@@ -321,18 +328,42 @@ def _ready(http_port: int, model: str) -> bool:
         return answer.status == 200
 
 
-def compare_with_limit(rounds: int, seconds: float, clients: int) -> dict[str, list[dict[str, float]]]:
-    """Alternating rounds against the limit and kubetriton; the figures of every round by side and model."""
+@contextlib.contextmanager
+def checkout(revision: str) -> Iterator[Path]:
+    """This repository at `revision`, in a temporary git worktree whose `worker` folder imports as the
+    installed package does (kubetriton.sidecar linked into it); removed afterwards."""
+    repository = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="kubetriton-bench-") as folder:
+        tree = Path(folder) / "tree"
+        git = ["git", "-C", str(repository), "worktree"]
+        subprocess.run([*git, "add", "--detach", "--quiet", str(tree), revision], check=True)
+        try:
+            (tree / "worker" / "kubetriton" / "sidecar").symlink_to(
+                tree / "sidecar" / "kubetriton" / "sidecar"
+            )
+            yield tree
+        finally:
+            subprocess.run([*git, "remove", "--force", str(tree)], check=True)
+
+
+def compare_with_limit(
+    rounds: int, seconds: float, clients: int, against: str | None = None
+) -> dict[str, list[dict[str, float]]]:
+    """Alternating rounds against the limit and kubetriton (and kubetriton at the revision `against`); the
+    figures of every round by side and model."""
     names = [(f"m{size}", size) for size in LIMIT_BATCHES]
     figures: dict[str, list[dict[str, float]]] = {}
-    with (
-        limit_server(names, 1, 0.0) as (native_ports, native_pid),
-        kubetriton_server(names, 1, 1, 0.0) as (ours_ports, ours_pid),
-    ):
+    with contextlib.ExitStack() as stack:
+        native_ports, native_pid = stack.enter_context(limit_server(names, 1, 0.0))
+        ours_ports, ours_pid = stack.enter_context(kubetriton_server(names, 1, 1, 0.0))
         sides = {
             "limit": (native_ports, process_groups(native_pid)),
             "kubetriton": (ours_ports, process_groups(ours_pid)),
         }
+        if against:
+            tree = stack.enter_context(checkout(against))
+            other_ports, other_pid = stack.enter_context(kubetriton_server(names, 1, 1, 0.0, tree=tree))
+            sides[f"kubetriton {against}"] = (other_ports, process_groups(other_pid))
         for round_index in range(rounds):
             for name, _ in names:
                 for side, (ports, processes) in sides.items():
@@ -347,16 +378,20 @@ def _line(figures: dict[str, float]) -> str:
 
 
 def report_limit(figures: dict[str, list[dict[str, float]]]) -> None:
-    print("\nmedian of the rounds, and kubetriton / limit per round")
-    for size in LIMIT_BATCHES:
-        limit, ours = figures[f"limit m{size}"], figures[f"kubetriton m{size}"]
-        print(f"max_batch_size {size}:")
-        for key in limit[0]:
-            ratios = " ".join(f"{o[key] / b[key]:.2f}" for b, o in zip(limit, ours, strict=True) if b[key])
-            print(
-                f"  {key:<24}{statistics.median(r[key] for r in limit):>10.4g}"
-                f"{statistics.median(r[key] for r in ours):>10.4g}   {ratios}"
-            )
+    sides = sorted({name.rsplit(" ", 1)[0] for name in figures} - {"limit"})
+    for side in sides:
+        print(f"\nmedian of the rounds, and {side} / limit per round")
+        for size in LIMIT_BATCHES:
+            limit, ours = figures[f"limit m{size}"], figures[f"{side} m{size}"]
+            print(f"max_batch_size {size}:")
+            for key in limit[0]:
+                ratios = " ".join(
+                    f"{o[key] / b[key]:.2f}" for b, o in zip(limit, ours, strict=True) if b[key]
+                )
+                print(
+                    f"  {key:<24}{statistics.median(r[key] for r in limit):>10.4g}"
+                    f"{statistics.median(r[key] for r in ours):>10.4g}   {ratios}"
+                )
 
 
 @contextlib.contextmanager
@@ -587,6 +622,9 @@ def main() -> int:
     parser.add_argument(
         "--clients", type=int, default=32, help="closed-loop clients of `limit` and `batcher`"
     )
+    parser.add_argument(
+        "--against", metavar="REVISION", help="limit: also kubetriton at this git revision, side by side"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument(
         "--trace", action="store_true", help="tail: where each request's time went inside Triton (its trace)"
@@ -597,7 +635,7 @@ def main() -> int:
         f"{args.seconds:g} s windows after {WARMUP_S:g} s"
     )
     if args.what == "limit":
-        figures: dict = compare_with_limit(args.rounds, args.seconds, args.clients)
+        figures: dict = compare_with_limit(args.rounds, args.seconds, args.clients, args.against)
         report_limit(figures)
     elif args.what == "tail":
         figures = measure_tail(args.seconds, args.trace)
