@@ -281,6 +281,7 @@ def test_batch_outputs_are_whole_only_while_every_response_holds_the_slices_made
     replaced[0] = dict(replaced[0])
     for changed in (rewritten, grown, replaced):
         assert changed.whole() is None
+    assert list(SplitOutputs({}, [1, 3])) == [{}, {}], "no output: a response, without outputs, per request"
 
 
 def test_a_column_that_cannot_share_a_block_crosses_array_by_array(tmp_path):

@@ -702,11 +702,13 @@ class SplitOutputs(list):
         if len(outputs) == 1:
             ((name, slices),) = self._slices.items()
             responses = [{name: part} for part in slices]
-        else:
+        elif outputs:
             names = list(outputs)
             responses = [
                 dict(zip(names, row, strict=True)) for row in zip(*self._slices.values(), strict=True)
             ]
+        else:  # a callable that returned no output: each request gets none
+            responses = [{} for _ in sizes]
         super().__init__(responses)
         self._outputs = outputs
         self._made = responses
