@@ -200,13 +200,16 @@ def test_one_input_of_a_batch_crosses_in_one_block_pinned_until_its_last_array_i
         np.array_equal(part, image) and not part.flags.writeable
         for part, image in zip(parts, images, strict=True)
     )
-    batch = RequestBatch([Request(request) for request in inputs], columns)
-    whole = batch.joined("image", parts)
-    assert whole is not None and np.array_equal(whole, np.concatenate(images)) and not whole.flags.writeable
+    batch = RequestBatch([Request(request) for request in inputs], columns, [1, 2, 1])
+    intact = batch.intact_columns()
+    assert intact is not None and list(intact) == ["image"]  # "n" crossed inline: not a column
+    whole = intact["image"]
+    assert np.array_equal(whole, np.concatenate(images)) and not whole.flags.writeable
     assert all(np.shares_memory(part, whole) for part in parts)
-    assert batch.joined("image", parts[::-1]) is None and batch.joined("image", parts[:2]) is None
-    assert batch.joined("image", [*parts[:2], parts[2].copy()]) is None and batch.joined("n", parts) is None
-    del whole, batch, columns, inputs
+    assert join_adjacent(parts[::-1]) is None and join_adjacent([*parts[:2], parts[2].copy()]) is None
+    del batch[2]
+    assert batch.intact_columns() is None
+    del whole, intact, batch, columns, inputs
     last = parts.pop()
     del parts
     assert released == []  # one array of the column still pins the block

@@ -688,17 +688,18 @@ def encode_rows(
     ]
 
 
+def split_rows(array: np.ndarray, rows: Sequence[int]) -> list[np.ndarray]:
+    """Views of consecutive ranges of `array`'s rows, `rows[i]` rows for the i-th."""
+    ends = itertools.accumulate(rows)
+    return [array[end - count : end] for count, end in zip(rows, ends, strict=True)]
+
+
 class SplitOutputs(list):
     """What `@batch` returns: each request's outputs, its rows of each of the batch's outputs, which it
     also holds, so that the worker can check and send each output once for the whole batch (`whole`)."""
 
     def __init__(self, outputs: dict[str, np.ndarray], sizes: list[int]) -> None:
-        ends = list(itertools.accumulate(sizes))
-        starts = [0, *ends[:-1]]
-        self._slices = {
-            name: [value[start:end] for start, end in zip(starts, ends, strict=True)]
-            for name, value in outputs.items()
-        }
+        self._slices = {name: split_rows(value, sizes) for name, value in outputs.items()}
         if len(outputs) == 1:
             ((name, slices),) = self._slices.items()
             responses = [{name: part} for part in slices]
@@ -740,7 +741,8 @@ class RequestBatch(list):
     """The requests of one batch as the worker hands them to the callable: a list of its `Request`s that
     also holds each input that crossed in one column block (`encode_column`) as one array, and each
     request's batch size, so that `@batch` need neither check where each request's array lies nor read
-    its size (`intact_columns`, `joined`)."""
+    its size (`intact_columns`; once a request changed, `join_adjacent` still finds the parts that lie
+    one after another)."""
 
     def __init__(
         self,
@@ -775,17 +777,6 @@ class RequestBatch(list):
                 return None
         return {name: whole for name, (whole, _) in columns.items()}
 
-    def joined(self, name: str, arrays: Sequence[np.ndarray]) -> np.ndarray | None:
-        """The input `name` of the whole batch as one read-only array, while `arrays` are the very arrays
-        the requests came with, in their order; None once a callable replaced, dropped or reordered any."""
-        column = self.columns.get(name)
-        if column is None or len(column[1]) != len(arrays):
-            return None
-        for array, part in zip(arrays, column[1], strict=True):
-            if array is not part:
-                return None
-        return column[0]
-
 
 def decode_inputs(
     entries: Sequence[RequestEntry],
@@ -807,11 +798,9 @@ def decode_inputs(
             column = [descriptors[place] for descriptors, _, _ in entries]
             whole = _whole_column(column, arena, on_release, pinned)
             if whole is not None:
-                rows = [descriptor[2][0] for descriptor in column]
-                ends = list(itertools.accumulate(rows))
                 columns[column[0][0]] = (
                     whole,
-                    [whole[end - count : end] for count, end in zip(rows, ends, strict=True)],
+                    split_rows(whole, [descriptor[2][0] for descriptor in column]),
                 )
     if columns and widths == {len(columns)}:  # every input of every request is in a column
         names = list(columns)
@@ -865,9 +854,9 @@ def decode_rows(column: Sequence[Descriptor], frames: Sequence[Any], arena: Aren
         data = np.frombuffer(frames[frame_block(block)], np.uint8)[start:end]
     else:
         data = arena.buffer[start:end]
-    whole = data.view(dtype).reshape((-1, *sample_shape))
-    ends = list(itertools.accumulate(descriptor[2][0] for descriptor in column))
-    return [whole[end - descriptor[2][0] : end] for descriptor, end in zip(column, ends, strict=True)]
+    return split_rows(
+        data.view(dtype).reshape((-1, *sample_shape)), [descriptor[2][0] for descriptor in column]
+    )
 
 
 def _column_layout(column: Sequence[Descriptor]) -> tuple[np.dtype, tuple[int, ...], int, int, int] | None:

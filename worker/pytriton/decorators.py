@@ -210,12 +210,10 @@ def _shared_parameters(requests: Sequence[Request]) -> Mapping[str, Any]:
     }
 
 
-def _concatenate(name: str, arrays: list[np.ndarray], requests: Sequence[Request]) -> np.ndarray:
+def _concatenate(name: str, arrays: list[np.ndarray]) -> np.ndarray:
     if len(arrays) == 1:
         return arrays[0]
-    joined = requests.joined(name, arrays) if type(requests) is RequestBatch else None
-    if joined is None:
-        joined = join_adjacent(arrays)
+    joined = join_adjacent(arrays)
     if joined is not None:  # inputs that crossed one after another through the arena
         return joined
     try:
@@ -289,7 +287,7 @@ def _batch_inputs(requests: Sequence[Request]) -> tuple[dict[str, np.ndarray], l
         inputs = {
             name: columns[name]
             if name in columns
-            else _concatenate(name, [request[name] for request in requests], requests)
+            else _concatenate(name, [request[name] for request in requests])
             for name in requests[0]
         }
         return inputs, requests.sizes
@@ -300,7 +298,7 @@ def _batch_inputs(requests: Sequence[Request]) -> tuple[dict[str, np.ndarray], l
                 f"Cannot batch requests with different inputs: request 0 has {sorted(names)}, "
                 f"request {index} has {sorted(request.keys())}; put @group_by_keys above @batch"
             )
-    inputs = {name: _concatenate(name, [request[name] for request in requests], requests) for name in names}
+    inputs = {name: _concatenate(name, [request[name] for request in requests]) for name in names}
     return inputs, [get_inference_request_batch_size(request) for request in requests]
 
 

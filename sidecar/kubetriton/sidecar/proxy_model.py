@@ -340,8 +340,7 @@ class TritonPythonModel:
             tensors.append(
                 pb_utils.Tensor(descriptor[0], decode_tensor(descriptor, data, self._responses_arena))
             )
-            # A column block once for consecutive requests; the worker ignores a block released twice.
-            if block >= 0 and (not released or released[-1] != block):
+            if block >= 0:
                 released.append(block)
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
