@@ -13,14 +13,16 @@ Triton's statistics count as compute (input, infer and output: the whole `execut
 req/s and the ratios kubetriton / limit. kubetriton runs with the settings users get by default. With
 `--against REVISION`, kubetriton at that git revision (a temporary worktree) serves beside them, its
 rounds alternating with the others': a change is judged against the same machine at the same time,
-whose drift between runs is often as large as the change.
+whose drift between runs is often as large as the change. With `--steps`, this checkout's worker also
+times its instance thread step by step in the running server (`WORKER_STEPS`, thread CPU time per batch):
+the warm loop of `breakdown` puts the same steps at a fifth to a tenth of what they cost there.
 
 `tail` runs kubetriton alone with a callable that sleeps `SLEEP_MS` (releasing the GIL, as a model on a
 GPU waits for it), `max_batch_size` 64, as 2 and 4 worker processes (`kubetriton run --processes`) and as
 2 thread instances, at 32 and 64 clients, and reports p50, p90, p99 and p99 / p50.
 
-Usage: python bench/batch_path.py [limit|tail] [--rounds 3] [--seconds 8] [--against REVISION]
-       [--json figures.json]
+Usage: python bench/batch_path.py [limit|tail|batcher|breakdown] [--rounds 3] [--seconds 8]
+       [--against REVISION] [--steps] [--json figures.json]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import multiprocessing
 import os
@@ -36,10 +39,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from data_path import cpu_seconds, plain_triton
@@ -59,6 +64,19 @@ TAIL_BAR = 2.5
 """The most p99 / p50 that `tail` accepts of kubetriton in any setup."""
 TAIL_SETUPS = (("2 processes", 2, 1), ("4 processes", 4, 1), ("2 instances", 1, 2))
 """Name, worker processes, instances per process."""
+WORKER_STEPS = {
+    "receive": ("kubetriton.transport", "Hop", "receive"),
+    "requests decoded": ("kubetriton.worker", "InstanceServer", "_decode_requests"),
+    "callable with @batch": ("kubetriton.worker", "InstanceServer", "_call"),
+    "outputs encoded": ("kubetriton.worker", "InstanceServer", "_encode_split"),
+    "reply sent": ("kubetriton.worker", "InstanceServer", "_send"),
+    "batch after its receive": ("kubetriton.worker", "InstanceServer", "_serve_one"),
+}
+"""The worker's steps that `--steps` times: name, (module, class, method). The last holds the three before
+it and what lies between them; the worker's CPU per batch less it and the receive is the wait's return
+and the loop around it."""
+STEPS_ENVIRONMENT = "BATCH_PATH_STEPS"
+"""Where the worker of `serve` writes its steps' running totals (`time_worker_steps`), when set."""
 
 NATIVE_FIRST = """
 import json
@@ -109,6 +127,8 @@ def serve(
     """Run as the worker (`python batch_path.py serve ...`, or under `kubetriton run`): bind each
     (name, max_batch_size) model with `instances` callables, the dynamic batcher's queue delay, and
     kubetriton's defaults otherwise, and serve."""
+    if os.environ.get(STEPS_ENVIRONMENT):
+        time_worker_steps(Path(os.environ[STEPS_ENVIRONMENT]))
     from pytriton.decorators import batch
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
@@ -136,6 +156,47 @@ def serve(
                 ),
             )
         triton.serve()
+
+
+def time_worker_steps(path: Path, every_s: float = 0.2) -> None:
+    """Time each of `WORKER_STEPS` in this process from now on: its thread CPU time and calls, summed
+    over the process's threads, written to `path` as JSON every `every_s` (replaced whole, so a reader
+    never sees half a file). The timing itself adds a microsecond or two to each step."""
+    import importlib
+
+    totals = {name: [0, 0] for name in WORKER_STEPS}
+
+    def timed(name: str, method: Any) -> Any:
+        total = totals[name]
+
+        @functools.wraps(method)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            started = time.thread_time_ns()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                total[0] += time.thread_time_ns() - started
+                total[1] += 1
+
+        return step
+
+    for name, (module, owner, attribute) in WORKER_STEPS.items():
+        cls = getattr(importlib.import_module(module), owner)
+        setattr(cls, attribute, timed(name, getattr(cls, attribute)))
+
+    def write() -> None:
+        partial = path.with_suffix(".partial")
+        while True:
+            partial.write_text(json.dumps(totals))
+            os.replace(partial, path)
+            time.sleep(every_s)
+
+    threading.Thread(target=write, name="batch-path-steps", daemon=True).start()
+
+
+def read_worker_steps(path: Path) -> dict[str, list[int]]:
+    """The running totals `time_worker_steps` last wrote: step name, [nanoseconds, calls]."""
+    return json.loads(path.read_text())
 
 
 def descendants(pid: int) -> dict[int, str]:
@@ -230,9 +291,15 @@ def client_process(
 
 
 def load(
-    ports: list[int], model: str, clients: int, seconds: float, processes: dict[str, list[int]]
+    ports: list[int],
+    model: str,
+    clients: int,
+    seconds: float,
+    processes: dict[str, list[int]],
+    steps: Path | None = None,
 ) -> dict[str, float]:
-    """Closed-loop load for WARMUP_S then `seconds`; the figures of the measured window."""
+    """Closed-loop load for WARMUP_S then `seconds`; the figures of the measured window. `steps`: the file
+    of a worker that times its steps (`time_worker_steps`), whose CPU per batch joins the figures."""
     http, grpc = ports[0], ports[1]
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
@@ -252,9 +319,11 @@ def load(
     time.sleep(max(0.0, begin - time.monotonic()))
     cpu_before = {name: cpu_seconds(pids) for name, pids in processes.items()}
     stats_before = batch_statistics(http, model)
+    steps_before = read_worker_steps(steps) if steps else {}
     time.sleep(max(0.0, end - time.monotonic()))
     cpu_after = {name: cpu_seconds(pids) for name, pids in processes.items()}
     stats_after = batch_statistics(http, model)
+    steps_after = read_worker_steps(steps) if steps else {}
     gathered = [results.get(timeout=120) for _ in started]
     for process in started:
         process.join()
@@ -279,6 +348,15 @@ def load(
         figures[f"CPU us/req {name}"] = (cpu_after[name] - cpu_before[name]) / requests * 1e6
     figures["CPU us/req server"] = sum(figures[f"CPU us/req {name}"] for name in processes)
     figures["CPU us/req model"] = figures["CPU us/req stubs"] + figures["CPU us/req worker"]
+    if steps_after:
+        spent = {
+            name: (steps_after[name][0] - steps_before[name][0]) / 1000 / batches for name in steps_after
+        }
+        figures["worker us/batch"] = figures["CPU us/req worker"] * requests / batches
+        figures.update({f"worker us/batch: {name}": value for name, value in spent.items()})
+        figures["worker us/batch: the wait's return, the loop"] = (
+            figures["worker us/batch"] - spent["receive"] - spent["batch after its receive"]
+        )
     return figures
 
 
@@ -291,17 +369,23 @@ def kubetriton_server(
     queue_delay_us: int = 0,
     trace: str = "",
     tree: Path | None = None,
+    steps: Path | None = None,
 ) -> Iterator[tuple[list[int], int]]:
     """kubetriton serving `models`, as one script (`python batch_path.py serve`) or under `kubetriton run
     --processes`, writing Triton's trace to the file `trace` if named; yields its ports and the pid at the
-    root of its processes. `tree`: another checkout's kubetriton (`checkout`) instead of this one."""
+    root of its processes. `tree`: another checkout's kubetriton (`checkout`) instead of this one. `steps`:
+    the worker times its steps into this file (`time_worker_steps`)."""
     ports = free_ports(3)
     script = str(tree / "bench" / "batch_path.py") if tree else __file__
     arguments = [script, "serve", json.dumps(models), str(instances), str(sleep_ms), str(queue_delay_us)]
     arguments += [trace or "-", *map(str, ports)]
     if processes > 1:
         arguments = ["-m", "kubetriton.cli", "run", "--processes", str(processes), *arguments]
-    environment = {**os.environ, "PYTHONPATH": str(tree / "worker")} if tree else None
+    environment = dict(os.environ)
+    if tree:
+        environment["PYTHONPATH"] = str(tree / "worker")
+    if steps:
+        environment[STEPS_ENVIRONMENT] = str(steps)
     server = subprocess.Popen(
         [sys.executable, *arguments], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment
     )
@@ -347,27 +431,31 @@ def checkout(revision: str) -> Iterator[Path]:
 
 
 def compare_with_limit(
-    rounds: int, seconds: float, clients: int, against: str | None = None
+    rounds: int, seconds: float, clients: int, against: str | None = None, steps: bool = False
 ) -> dict[str, list[dict[str, float]]]:
     """Alternating rounds against the limit and kubetriton (and kubetriton at the revision `against`); the
-    figures of every round by side and model."""
+    figures of every round by side and model. `steps`: this checkout's worker times its steps too."""
     names = [(f"m{size}", size) for size in LIMIT_BATCHES]
     figures: dict[str, list[dict[str, float]]] = {}
     with contextlib.ExitStack() as stack:
+        steps_file = None
+        if steps:
+            steps_file = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kubetriton-bench-")))
+            steps_file /= "steps.json"
         native_ports, native_pid = stack.enter_context(limit_server(names, 1, 0.0))
-        ours_ports, ours_pid = stack.enter_context(kubetriton_server(names, 1, 1, 0.0))
+        ours_ports, ours_pid = stack.enter_context(kubetriton_server(names, 1, 1, 0.0, steps=steps_file))
         sides = {
-            "limit": (native_ports, process_groups(native_pid)),
-            "kubetriton": (ours_ports, process_groups(ours_pid)),
+            "limit": (native_ports, process_groups(native_pid), None),
+            "kubetriton": (ours_ports, process_groups(ours_pid), steps_file),
         }
         if against:
             tree = stack.enter_context(checkout(against))
             other_ports, other_pid = stack.enter_context(kubetriton_server(names, 1, 1, 0.0, tree=tree))
-            sides[f"kubetriton {against}"] = (other_ports, process_groups(other_pid))
+            sides[f"kubetriton {against}"] = (other_ports, process_groups(other_pid), None)
         for round_index in range(rounds):
             for name, _ in names:
-                for side, (ports, processes) in sides.items():
-                    measured = load(ports, name, clients, seconds, processes)
+                for side, (ports, processes, side_steps) in sides.items():
+                    measured = load(ports, name, clients, seconds, processes, side_steps)
                     figures.setdefault(f"{side} {name}", []).append(measured)
                     print(f"round {round_index + 1} {side:>10} {name}: " + _line(measured), flush=True)
     return figures
@@ -392,6 +480,18 @@ def report_limit(figures: dict[str, list[dict[str, float]]]) -> None:
                     f"  {key:<24}{statistics.median(r[key] for r in limit):>10.4g}"
                     f"{statistics.median(r[key] for r in ours):>10.4g}   {ratios}"
                 )
+
+
+def report_worker_steps(figures: dict[str, list[dict[str, float]]]) -> None:
+    """The steps of kubetriton's worker that `--steps` timed: µs per batch, the median and each round."""
+    print("\nkubetriton's worker in the running server, thread CPU µs per batch: median, and each round")
+    for size in LIMIT_BATCHES:
+        rounds = figures[f"kubetriton m{size}"]
+        print(f"max_batch_size {size}, batches of {statistics.median(r['batch'] for r in rounds):.3g}:")
+        for key in [key for key in rounds[0] if key.startswith("worker us/batch")]:
+            step = key.partition(": ")[2] or "all of it"
+            each = " ".join(f"{r[key]:.0f}" for r in rounds)
+            print(f"  {step:<44}{statistics.median(r[key] for r in rounds):>8.0f}   {each}")
 
 
 @contextlib.contextmanager
@@ -625,6 +725,9 @@ def main() -> int:
     parser.add_argument(
         "--against", metavar="REVISION", help="limit: also kubetriton at this git revision, side by side"
     )
+    parser.add_argument(
+        "--steps", action="store_true", help="limit: time the worker's steps in the running server"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument(
         "--trace", action="store_true", help="tail: where each request's time went inside Triton (its trace)"
@@ -635,8 +738,10 @@ def main() -> int:
         f"{args.seconds:g} s windows after {WARMUP_S:g} s"
     )
     if args.what == "limit":
-        figures: dict = compare_with_limit(args.rounds, args.seconds, args.clients, args.against)
+        figures: dict = compare_with_limit(args.rounds, args.seconds, args.clients, args.against, args.steps)
         report_limit(figures)
+        if args.steps:
+            report_worker_steps(figures)
     elif args.what == "tail":
         figures = measure_tail(args.seconds, args.trace)
         worst = max(value["p99/p50"] for name, value in figures.items() if name.startswith("kubetriton"))
