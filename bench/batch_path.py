@@ -316,17 +316,25 @@ def load(
     ]
     for process in started:
         process.start()
-    time.sleep(max(0.0, begin - time.monotonic()))
-    cpu_before = {name: cpu_seconds(pids) for name, pids in processes.items()}
-    stats_before = batch_statistics(http, model)
-    steps_before = read_worker_steps(steps) if steps else {}
-    time.sleep(max(0.0, end - time.monotonic()))
-    cpu_after = {name: cpu_seconds(pids) for name, pids in processes.items()}
-    stats_after = batch_statistics(http, model)
-    steps_after = read_worker_steps(steps) if steps else {}
-    gathered = [results.get(timeout=120) for _ in started]
-    for process in started:
-        process.join()
+    try:
+        time.sleep(max(0.0, begin - time.monotonic()))
+        cpu_before = {name: cpu_seconds(pids) for name, pids in processes.items()}
+        stats_before = batch_statistics(http, model)
+        steps_before = read_worker_steps(steps) if steps else {}
+        time.sleep(max(0.0, end - time.monotonic()))
+        cpu_after = {name: cpu_seconds(pids) for name, pids in processes.items()}
+        stats_after = batch_statistics(http, model)
+        steps_after = read_worker_steps(steps) if steps else {}
+        gathered = [results.get(timeout=120) for _ in started]
+    except BaseException:
+        # A client process whose results nobody reads never exits (its queue waits for a reader), and
+        # neither would this one, which waits for its children as it exits.
+        for process in started:
+            process.terminate()
+        raise
+    finally:
+        for process in started:
+            process.join()
     latencies = sorted(latency for samples, _ in gathered for done, latency in samples if begin <= done < end)
     errors = [error for _, errors in gathered for error in errors]
     if errors:
