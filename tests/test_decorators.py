@@ -194,6 +194,13 @@ def test_batch_without_model_context_returns_positional_responses_for_a_list() -
     assert all(isinstance(response, Request) for response in responses)
     assert [value.tolist() for value in responses[1].values()] == [[4.0], [6.0]]
 
+    @batch
+    def no_outputs(x: np.ndarray) -> list[np.ndarray]:
+        return []
+
+    responses = no_outputs([request(x=[1.0]), request(x=[2.0])])
+    assert len(responses) == 2 and all(len(response) == 0 for response in responses)
+
 
 def test_batch_works_on_methods() -> None:
     class Model:

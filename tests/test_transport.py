@@ -266,6 +266,10 @@ def test_rows_of_a_whole_output_come_back_as_each_requests_array(tmp_path, inlin
         output[1:3].tolist(),
         output[3:].tolist(),
     ]
+    strided = np.arange(4 * 6, dtype=np.float16).reshape(4, 6)[:, ::3]  # a view, not contiguous
+    rows = decode_rows(encode_rows("y", strided, [3, 1], frames, arena, [], inline_limit), frames, arena)
+    assert rows is not None
+    assert [part.tolist() for part in rows] == [strided[:3].tolist(), strided[3:].tolist()]
     apart = [encode_tensor("y", output[row : row + 1], frames, arena, [], inline_limit) for row in range(2)]
     assert decode_rows(apart, frames, arena) is None
     arena.close(unlink=True)

@@ -667,10 +667,9 @@ def encode_rows(
 ) -> list[Descriptor]:
     """The descriptors of consecutive ranges of a numeric array's rows, `rows[i]` rows for the i-th: one
     output of a whole batch, one range per request, in one frame or one arena block (as `encode_tensor`
-    would place the whole array)."""
+    would place the whole array). The array may lie in memory in any layout: `tobytes` and the copy into
+    the block write its rows in order, so a view such as `batch[:, :1]` is copied once, not twice."""
     nbytes = array.nbytes
-    if not array.flags.c_contiguous:
-        array = np.ascontiguousarray(array)
     if nbytes <= inline_limit or arena is None or arena.size == 0:
         frames.append(array.tobytes())
         block, position = frame_block(len(frames) - 1), 0

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from typing import Any
 
 import numpy as np
-from kubetriton.transport import RequestBatch, SplitOutputs, join_adjacent
+from kubetriton.transport import RequestBatch, SplitOutputs, join_adjacent, split_rows
 
 from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
 from pytriton.model_config import Tensor
@@ -266,14 +266,10 @@ def batch(func: Callable[..., Any]) -> Callable[..., Any]:
                 return [_response(outputs, positional)]
             if not positional:  # the worker checks and sends each output once for the batch (`whole`)
                 return SplitOutputs(outputs, sizes)
-            responses = []
-            start = 0
-            for size in sizes:
-                responses.append(
-                    Request(data={name: value[start : start + size] for name, value in outputs.items()})
-                )
-                start += size
-            return responses
+            names = list(outputs)
+            columns = [split_rows(value, sizes) for value in outputs.values()]
+            rows = zip(*columns, strict=True) if columns else [()] * len(sizes)  # no outputs: one empty each
+            return [_response(dict(zip(names, row, strict=True)), positional) for row in rows]
 
         return _map_result(_invoke(context, func, *leading, **kwargs, **inputs), split)
 
