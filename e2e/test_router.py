@@ -1,5 +1,6 @@
 """A model's router: plain Triton clients' requests spread over every pod, the router adds little time,
-and no request through it fails while the model's pods roll or go.
+no request through it fails while the model's pods roll or go, and a router is ready only while it has
+a pod to send to.
 
 The model has three replicas and `router: true`. Its worker serves `Slow`, whose one instance takes 20 ms
 per request (no batching) and answers with the name of its pod, and `Echo`, an identity for small
@@ -31,6 +32,8 @@ LOAD_POD = "kubetriton-e2e-router-load"
 SPREAD_CLIENTS, SPREAD_SECONDS = 6, 60
 LATENCY_ROUNDS, LATENCY_REQUESTS = 5, 200
 MAX_ADDED_P50_MS = 0.5
+LIVENESS_FAILURES_S = 40
+"""Longer than the router's liveness probe takes to restart a container that fails it (3 x 10 s)."""
 SERVE = f"""
 import socket
 import time
@@ -203,6 +206,54 @@ def test_no_request_through_the_router_fails_while_the_pods_roll_or_go(
     finally:
         cluster.delete_pod(LOAD_POD, namespace)
     print(f"through the router while the pods rolled and went: {json.dumps(outcome)}")
+    for protocol in routerload.PROTOCOLS:
+        assert sum(outcome[protocol]["pods"].values()) > 0, f"{protocol}: no answer"
+        assert outcome[protocol]["failed"] == 0, outcome[protocol]["failures"]
+
+
+def _router_waiting(cluster: Cluster, namespace: str) -> str | None:
+    """RouterReady's message once it is false and no router pod is ready."""
+    found = (cluster.model(NAME, namespace) or {}).get("status") or {}
+    condition = next((c for c in found.get("conditions", []) if c["type"] == "RouterReady"), {})
+    waiting = condition.get("status") == "False" and not (found.get("router") or {}).get("readyReplicas")
+    return condition.get("message") if waiting else None
+
+
+def _router_restarts(cluster: Cluster, namespace: str) -> dict[str, int]:
+    selector = ",".join(f"{key}={value}" for key, value in naming.router_selector_labels(NAME).items())
+    pods = cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
+    return {
+        pod.metadata.name: sum(status.restart_count for status in pod.status.container_statuses or [])
+        for pod in pods
+    }
+
+
+def test_routers_are_ready_only_while_a_pod_is_and_wait_for_one_without_restarting(
+    routed: dict[str, Any], cluster: Cluster, settings: Settings
+) -> None:
+    """Scaled to zero, the model leaves its routers nothing to send to: they turn unready, which takes them
+    out of their Service, and the status says why; their liveness still passes. Scaled back, they serve
+    again."""
+    namespace = settings.models_namespace
+    routers = _router_restarts(cluster, namespace)
+    cluster.apply(_model(settings.worker_image, 0, 1), namespace)
+    message = wait_for(
+        lambda: _router_waiting(cluster, namespace), settings.ready_timeout_s, "routers unready"
+    )
+    print(f"RouterReady with no pod: {message}")
+    assert "none is" in message
+    time.sleep(LIVENESS_FAILURES_S)
+    assert _router_restarts(cluster, namespace) == routers, "no router restarted, none replaced"
+
+    cluster.apply(_model(settings.worker_image, 1, 1), namespace)
+    cluster.wait_until_serving(NAME, namespace, 1, settings.ready_timeout_s)
+    wait_for(lambda: _router_serving(cluster, namespace), settings.ready_timeout_s, "the routers again")
+    outcome = _last(
+        _run_to_the_end(
+            cluster, settings, namespace, ["spread", f"{NAME}-router.{namespace}.svc", SLOW, "2", "5"]
+        )
+    )
+    print(f"through the router once it served again: {json.dumps(outcome)}")
     for protocol in routerload.PROTOCOLS:
         assert sum(outcome[protocol]["pods"].values()) > 0, f"{protocol}: no answer"
         assert outcome[protocol]["failed"] == 0, outcome[protocol]["failures"]

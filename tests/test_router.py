@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -89,6 +90,17 @@ def passing(metrics_port: int) -> dict[str, int]:
     return {proxy: passed.count(proxy) for proxy in set(passed)}
 
 
+def answers(metrics_port: int, path: str) -> int | None:
+    """The status HAProxy answers `path` of its metrics port with; None while it does not listen."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}{path}", timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return None
+
+
 def test_haproxy_sends_each_request_to_the_pods_its_name_resolves_to(tmp_path: Path) -> None:
     http, grpc, router_http, router_grpc, router_metrics = free_ports(5)
     ports = router.Ports(router_http, router_grpc, router_metrics, pod_http=http, pod_grpc=grpc)
@@ -102,7 +114,6 @@ def test_haproxy_sends_each_request_to_the_pods_its_name_resolves_to(tmp_path: P
         first, second = (
             stack.enter_context(pod(address, http, grpc, tmp_path / address)) for address in ADDRESSES
         )
-        dns.addresses = [ADDRESSES[0]]
         config = tmp_path / "haproxy.cfg"
         config.write_text(
             router.haproxy_config(PODS, slots=4, ports=ports, nameserver=f"127.0.0.1:{dns.port}")
@@ -123,8 +134,14 @@ def test_haproxy_sends_each_request_to_the_pods_its_name_resolves_to(tmp_path: P
                 assert grpc_client.infer(MODEL, [grpc_input]).as_numpy("y").tolist() == [1.0]
 
         one, both = {"pods-http": 1, "pods-grpc": 1}, {"pods-http": 2, "pods-grpc": 2}
-        eventually(lambda: passing(router_metrics) == one, "the first pod checked in both backends")
-        both_protocols(10)
+        eventually(lambda: answers(router_metrics, router.LIVE_PATH) == 200, "HAProxy alive")
+        time.sleep(2)  # the name resolved to nothing, and each backend's first checks came and went
+        assert answers(router_metrics, router.READY_PATH) == 503, "not ready while no pod is known"
+        assert answers(router_metrics, router.LIVE_PATH) == 200, "alive all the same"
+
+        dns.addresses = [ADDRESSES[0]]
+        eventually(lambda: answers(router_metrics, router.READY_PATH) == 200, "ready once a pod is up")
+        both_protocols(10)  # at once: a client sent to a router that just turned ready finds the pod
         assert (served(first), served(second)) == (20, 0)
 
         dns.addresses = list(ADDRESSES)  # a pod joins after the router started, as new pods do

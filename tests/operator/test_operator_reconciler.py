@@ -256,11 +256,13 @@ async def test_a_router_is_applied_shown_and_deleted_with_the_spec(
     assert template["spec"]["containers"][0]["image"] == "registry.example.com/haproxy:2.8"
     assert "identity-pods.default.svc.cluster.local:8000" in found["ConfigMap"]["data"]["haproxy.cfg"]
     await set_deployment_status(cluster, "identity-router", ready=0, replicas=2)
-    not_ready = await eventually(
+    await eventually(
         lambda: condition(cluster, "identity", "RouterReady").get("status") == "False" or None,
         message="RouterReady=False",
     )
-    assert not_ready
+    assert condition(cluster, "identity", "RouterReady")["message"] == (
+        "0/2 router replicas ready; a router is ready once it reaches a ready pod of the model, and none is"
+    )
     await set_deployment_status(cluster, "identity-router", ready=2, replicas=2)
     await eventually(
         lambda: condition(cluster, "identity", "RouterReady").get("status") == "True", message="RouterReady"

@@ -53,8 +53,13 @@ def test_two_non_root_haproxy_pods_read_the_config_map_and_roll_when_it_changes(
     }
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["automountServiceAccountToken"] is False
-    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    config = children.build_router_config(model, SETTINGS)["data"]["haproxy.cfg"]
+    readiness = (
+        "monitor-uri /readyz\n    monitor fail if { nbsrv(pods-http) lt 1 } || { nbsrv(pods-grpc) lt 1 }\n"
+    )
+    assert readiness in config, "ready only while each backend has a pod to send to"
     (volume,) = pod["volumes"]
     assert volume["configMap"]["name"] == "esm1-router"
     assert container["command"][-1] == f"{container['volumeMounts'][0]['mountPath']}/haproxy.cfg"

@@ -702,7 +702,7 @@ class Reconciler:
             summary["autoscaling"] = None
         if model.spec.router:
             summary["router"], condition = status.router(
-                model, self._observed(children.ROUTER_DEPLOYMENT, key)
+                model, self._observed(children.ROUTER_DEPLOYMENT, key), summary["readyReplicas"]
             )
             summary["conditions"].append(condition)
         elif previous.get("router"):

@@ -45,8 +45,12 @@ CONTAINER = "haproxy"
 HTTP_PORT = podenv.HTTP_PORT
 GRPC_PORT = podenv.GRPC_PORT
 METRICS_PORT = 8404
-"""The router's Prometheus metrics (/metrics) and health (/healthz)."""
-HEALTH_PATH = "/healthz"
+"""The router's Prometheus metrics (/metrics), liveness (/healthz) and readiness (/readyz)."""
+LIVE_PATH = "/healthz"
+"""Answers while HAProxy runs: a router whose model has no pod up is not restarted for it."""
+READY_PATH = "/readyz"
+"""Answers 200 once both backends have a pod whose last check passed, 503 while either has none: a
+router joins its Service only when a request sent to it over either protocol finds a pod."""
 CONFIG_VOLUME = "config"
 CONFIG_DIR = "/usr/local/etc/haproxy"
 CONFIG_FILE = "haproxy.cfg"
@@ -174,7 +178,9 @@ frontend grpc
 
 frontend router
     bind :{ports.metrics}
-    monitor-uri {HEALTH_PATH}
+    monitor-uri {READY_PATH}
+    monitor fail if {{ nbsrv(pods-http) lt 1 }} || {{ nbsrv(pods-grpc) lt 1 }}
+    http-request return status 200 if {{ path {LIVE_PATH} }}
     http-request use-service prometheus-exporter if {{ path /metrics }}
 
 backend pods-http
@@ -201,9 +207,9 @@ def checksum(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _http_probe(period: int, failures: int) -> dict[str, Any]:
+def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
     return {
-        "httpGet": {"path": HEALTH_PATH, "port": "metrics"},
+        "httpGet": {"path": path, "port": "metrics"},
         "periodSeconds": period,
         "timeoutSeconds": 2,
         "failureThreshold": failures,
@@ -230,8 +236,8 @@ def pod_template(
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
-        "readinessProbe": _http_probe(period=2, failures=2),
-        "livenessProbe": _http_probe(period=10, failures=3),
+        "readinessProbe": _http_probe(READY_PATH, period=2, failures=2),
+        "livenessProbe": _http_probe(LIVE_PATH, period=10, failures=3),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
         "volumeMounts": [{"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True}],
         "securityContext": {

@@ -531,10 +531,11 @@ ROUTER_READY = "RouterReady"
 
 
 def router(
-    model: PyTritonModel, deployment: Mapping[str, Any] | None
+    model: PyTritonModel, deployment: Mapping[str, Any] | None, pods_ready: int
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """status.router, and the RouterReady condition: true while a router pod serves. A router whose
-    rollout stalled (its pods cannot start) says why, as its Deployment does."""
+    """status.router, and the RouterReady condition: true while a router pod serves. A router pod is
+    ready once it reaches one of the model's pods: while none of the `pods_ready` is, the condition
+    says so. A router whose rollout stalled (its pods cannot start) says why, as its Deployment does."""
     name = naming.child_name(model.metadata.name, naming.ROUTER_SUFFIX)
     namespace, ports = model.metadata.namespace or "default", model.spec.service.ports
     observed = (deployment or {}).get("status") or {}
@@ -548,10 +549,15 @@ def router(
         ),
         "",
     )
+    reasons = [counts]
+    if not pods_ready:
+        reasons.append("a router is ready once it reaches a ready pod of the model, and none is")
+    if stalled:
+        reasons.append(stalled)
     condition = (
         _condition(ROUTER_READY, True, "RouterServing", counts)
         if ready > 0
-        else _condition(ROUTER_READY, False, "RouterNotReady", f"{counts}; {stalled}" if stalled else counts)
+        else _condition(ROUTER_READY, False, "RouterNotReady", "; ".join(reasons))
     )
     summary = {
         "url": naming.http_url(name, namespace, ports.http),
