@@ -82,10 +82,8 @@ def _model(image: str, replicas: int, generation: int) -> dict[str, Any]:
 
 def _router_serving(cluster: Cluster, namespace: str, name: str = NAME) -> dict[str, Any] | None:
     """The model once its status shows both router replicas ready and RouterReady true."""
-    model = cluster.model(name, namespace) or {}
-    found = model.get("status") or {}
-    ready = any(c["type"] == "RouterReady" and c["status"] == "True" for c in found.get("conditions", []))
-    return model if ready and (found.get("router") or {}).get("readyReplicas") == 2 else None
+    condition, ready = _router_ready(cluster, namespace, name)
+    return cluster.model(name, namespace) if condition.get("status") == "True" and ready == 2 else None
 
 
 def _run_to_the_end(cluster: Cluster, settings: Settings, namespace: str, arguments: list[str]) -> str:
@@ -211,12 +209,17 @@ def test_no_request_through_the_router_fails_while_the_pods_roll_or_go(
         assert outcome[protocol]["failed"] == 0, outcome[protocol]["failures"]
 
 
+def _router_ready(cluster: Cluster, namespace: str, name: str) -> tuple[dict[str, Any], int]:
+    """The model's RouterReady condition ({} while it has none) and its ready router pods."""
+    found = (cluster.model(name, namespace) or {}).get("status") or {}
+    condition = next((c for c in found.get("conditions", []) if c["type"] == "RouterReady"), {})
+    return condition, (found.get("router") or {}).get("readyReplicas", 0)
+
+
 def _router_waiting(cluster: Cluster, namespace: str) -> str | None:
     """RouterReady's message once it is false and no router pod is ready."""
-    found = (cluster.model(NAME, namespace) or {}).get("status") or {}
-    condition = next((c for c in found.get("conditions", []) if c["type"] == "RouterReady"), {})
-    waiting = condition.get("status") == "False" and not (found.get("router") or {}).get("readyReplicas")
-    return condition.get("message") if waiting else None
+    condition, ready = _router_ready(cluster, namespace, NAME)
+    return condition.get("message") if condition.get("status") == "False" and not ready else None
 
 
 def _router_restarts(cluster: Cluster, namespace: str) -> dict[str, int]:
@@ -261,13 +264,21 @@ def test_routers_are_ready_only_while_a_pod_is_and_wait_for_one_without_restarti
 
 PLACED = "routed-placed"
 TAINT = "kubetriton.dev/e2e-routers-only"
+UNTOLERATED = "kubetriton.dev/e2e-no-routers"
+
+
+def _router_condition(cluster: Cluster, namespace: str, name: str, reason: str) -> dict[str, Any] | None:
+    """The model's RouterReady condition once its reason is `reason`."""
+    condition, _ = _router_ready(cluster, namespace, name)
+    return condition if condition.get("reason") == reason else None
 
 
 def test_routers_run_where_the_chart_places_them_on_a_node_the_models_pods_may_not_use(
     release: dict[str, Any], cluster: Cluster, settings: Settings
 ) -> None:
     """router.nodeSelector and router.tolerations reach the router pods through the operator: with the node
-    tainted NoSchedule, which the model's own new pods do not tolerate, its routers start and serve."""
+    tainted NoSchedule, which the model's own new pods do not tolerate, its routers start and serve. While
+    a second taint, which they do not tolerate either, keeps them from the node, RouterReady says so."""
     namespace = settings.models_namespace
     (node,) = [item.metadata.name for item in cluster.core.list_node().items]
     placement = {
@@ -282,15 +293,25 @@ def test_routers_run_where_the_chart_places_them_on_a_node_the_models_pods_may_n
         cluster.apply(model, namespace)
         cluster.wait_until_serving(PLACED, namespace, 1, settings.ready_timeout_s)
         kubectl("taint", "node", node, f"{TAINT}=yes:NoSchedule")
+        kubectl("taint", "node", node, f"{UNTOLERATED}=yes:NoSchedule")
         model["spec"]["router"] = True
         cluster.apply(model, namespace)
+        unschedulable = wait_for(
+            lambda: _router_condition(cluster, namespace, PLACED, "Unschedulable"),
+            settings.ready_timeout_s,
+            "RouterReady to say the routers have no node",
+        )
+        print(f"RouterReady while no node takes the routers: {unschedulable['message']}")
+        assert unschedulable["status"] == "False" and UNTOLERATED in unschedulable["message"]
+        kubectl("taint", "node", node, f"{UNTOLERATED}-")
         wait_for(lambda: _router_serving(cluster, namespace, PLACED), settings.ready_timeout_s, "the routers")
         selector = ",".join(f"{key}={value}" for key, value in naming.router_selector_labels(PLACED).items())
         pods = cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
         assert pods and all(pod.spec.node_selector == placement["nodeSelector"] for pod in pods)
         assert all(any(t.key == TAINT for t in pod.spec.tolerations or []) for pod in pods)
     finally:
-        with contextlib.suppress(AssertionError):  # not tainted: the test failed before
-            kubectl("taint", "node", node, f"{TAINT}-")
+        for taint in (UNTOLERATED, TAINT):
+            with contextlib.suppress(AssertionError):  # not tainted: the test failed before, or untainted
+                kubectl("taint", "node", node, f"{taint}-")
         kubectl("delete", "pytritonmodel", PLACED, "-n", namespace, "--ignore-not-found", "--wait=true")
         upgrade(settings, release["config"])

@@ -289,6 +289,45 @@ async def test_a_router_is_applied_shown_and_deleted_with_the_spec(
     assert stored(cluster, CHILD_APIS["Service"], "identity-pods") is not None
 
 
+async def test_a_router_that_cannot_start_says_why_and_is_not_the_models_problem(
+    cluster: ClusterEmulator, start_operator: StartOperator
+):
+    """A router pod whose image cannot be pulled: RouterReady names the pod and the kubelet's message; the
+    model's own conditions, which its pods decide, do not take it for theirs."""
+    await start_operator(router_settings=RouterSettings(image="registry.example.com/haproxy:missing"))
+    await create_model(cluster, model_document("identity", replicas=1, router=True))
+    await eventually(lambda: stored(cluster, CHILD_APIS["Deployment"], "identity-router"), message="router")
+    await set_deployment_status(cluster, "identity-router", ready=0, replicas=2)
+    pulled = "Back-off pulling image registry.example.com/haproxy:missing"
+    router_pod = pod_document(
+        "identity-router",
+        {"phase": "Pending", "containerStatuses": [haproxy_waiting("ImagePullBackOff", pulled)]},
+    )
+    router_pod["metadata"]["labels"] = naming.router_pod_labels("identity")
+    await create(cluster, "/api/v1/namespaces/default/pods", router_pod)
+    found = await eventually(
+        lambda: (
+            (got := condition(cluster, "identity", "RouterReady")).get("reason") == "ImagePullBackOff" and got
+        ),
+        message="RouterReady=False ImagePullBackOff",
+    )
+    assert found["status"] == "False"
+    assert found["message"] == (
+        f"0/2 router replicas ready; pod {router_pod['metadata']['name']}: container haproxy: {pulled}"
+    )
+    assert condition(cluster, "identity", "Degraded")["status"] == "False", "the model's pods are fine"
+    assert condition(cluster, "identity", "Ready")["reason"] == "ReplicasNotReady"
+
+
+def haproxy_waiting(reason: str, message: str) -> dict[str, Any]:
+    return {
+        "name": "haproxy",
+        "ready": False,
+        "restartCount": 0,
+        "state": {"waiting": {"reason": reason, "message": message}},
+    }
+
+
 async def test_the_operators_default_gives_a_router_to_a_model_that_does_not_say(
     cluster: ClusterEmulator, start_operator: StartOperator
 ):

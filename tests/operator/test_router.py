@@ -9,7 +9,7 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
-from kubetriton.operator import children, naming, router
+from kubetriton.operator import children, naming, reconciler, router
 from kubetriton.operator import main as operator_main
 from kubetriton.operator.router import RouterSettings
 from test_operator_builders import KUBERNETES_VERSION, model_with
@@ -26,7 +26,8 @@ def test_router_pods_are_not_the_models_pods() -> None:
     deployment = children.build_router_deployment(model, SETTINGS)
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert not _label_selector_matches(naming.selector_labels("esm1"), pod_labels), "the model's Service"
-    assert naming.MANAGED_BY_LABEL not in pod_labels, "the operator's count of the model's pods"
+    assert not _label_selector_matches(reconciler.MODEL_POD_LABELS, pod_labels), "the operator's count"
+    assert _label_selector_matches(reconciler.ROUTER_POD_LABELS, pod_labels), "the operator reads them"
     assert _label_selector_matches(deployment["spec"]["selector"]["matchLabels"], pod_labels)
     service = children.build_router_service(model, SETTINGS)
     budget = children.build_router_disruption_budget(model, SETTINGS)

@@ -26,9 +26,15 @@ ROUTER_APP_NAME = "pytriton-model-router"
 
 
 def router_selector_labels(model_name: str) -> dict[str, str]:
-    """The labels of a model's router pods: not the model's selector, nor the operator's label, so that
-    neither the model's Service nor the operator's count of the model's pods takes them for the model's."""
+    """The labels that select a model's router pods: not the model's selector, so that neither the model's
+    Service nor the operator's count of the model's pods takes them for the model's."""
     return {NAME_LABEL: ROUTER_APP_NAME, INSTANCE_LABEL: model_name}
+
+
+def router_pod_labels(model_name: str) -> dict[str, str]:
+    """The labels of a model's router pods: their selector, and the operator's label, which the operator's
+    watch of pods selects on (it reads the router pods' states into the model's status)."""
+    return {**router_selector_labels(model_name), MANAGED_BY_LABEL: MANAGER}
 
 
 def labels(model_name: str) -> dict[str, str]:

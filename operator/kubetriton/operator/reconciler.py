@@ -92,7 +92,13 @@ MODELS_INDEX = "models"
 CRDS_INDEX = "established_crds"
 TERMINATING_INDEX = "terminating_namespaces"
 POD_MODELS_INDEX = "pod_models"
-"""The model of each of the models' pods, keyed by the pod's namespace and name."""
+"""The model of each of the operator's pods (the models' and their routers'), keyed by the pod's namespace
+and name."""
+ROUTER_PODS_INDEX = "router_pods"
+"""The routers' pods, keyed by the model's namespace and name."""
+MODEL_POD_LABELS = {**CHILD_LABELS, naming.NAME_LABEL: naming.APP_NAME}
+"""The models' own pods among the operator's: not the routers' (`naming.router_pod_labels`)."""
+ROUTER_POD_LABELS = {**CHILD_LABELS, naming.NAME_LABEL: naming.ROUTER_APP_NAME}
 POD_WARNINGS_INDEX = "pod_warnings"
 """The Warning events about pods, keyed by the pod's namespace and name (`status.pod_warning`)."""
 ALL_INDEXES = (
@@ -100,14 +106,21 @@ ALL_INDEXES = (
     CRDS_INDEX,
     TERMINATING_INDEX,
     POD_MODELS_INDEX,
+    ROUTER_PODS_INDEX,
     POD_WARNINGS_INDEX,
     *INDEXES.values(),
 )
 EVENTS = ("v1", "events")
 POD_WARNINGS_ONLY = "involvedObject.kind=Pod,type=Warning"
 """The API server sends the operator only the Events that warn about pods."""
-MODEL_HANDLER, CRD_HANDLER, WARNING_HANDLER = "model", "crd", "warning"
-WATCH_HANDLERS = (MODEL_HANDLER, CRD_HANDLER, WARNING_HANDLER, *(kind.plural for kind in INDEXES))
+MODEL_HANDLER, CRD_HANDLER, WARNING_HANDLER, ROUTER_POD_HANDLER = "model", "crd", "warning", "router-pods"
+WATCH_HANDLERS = (
+    MODEL_HANDLER,
+    CRD_HANDLER,
+    WARNING_HANDLER,
+    ROUTER_POD_HANDLER,
+    *(kind.plural for kind in INDEXES),
+)
 """The ids of the handlers that kopf calls for every watch event of what they watch."""
 
 
@@ -440,6 +453,10 @@ class Reconciler:
         index = self.indices.get(INDEXES[POD])
         return list(index.get(key, ())) if index is not None else []
 
+    def _router_pods(self, key: Key) -> list[dict[str, Any]]:
+        index = self.indices.get(ROUTER_PODS_INDEX)
+        return list(index.get(key, ())) if index is not None else []
+
     def _warnings(self, key: Key, pods: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
         """The Warning events about the model's pods, by pod name."""
         index = self.indices.get(POD_WARNINGS_INDEX)
@@ -701,8 +718,13 @@ class Reconciler:
         elif not model.spec.scaled_by_operator and previous.get("autoscaling"):
             summary["autoscaling"] = None
         if model.spec.router:
+            router_pods = self._router_pods(key)
             summary["router"], condition = status.router(
-                model, self._observed(children.ROUTER_DEPLOYMENT, key), summary["readyReplicas"]
+                model,
+                self._observed(children.ROUTER_DEPLOYMENT, key),
+                router_pods,
+                summary["readyReplicas"],
+                self._warnings(key, router_pods),
             )
             summary["conditions"].append(condition)
         elif previous.get("router"):
@@ -853,7 +875,8 @@ class Reconciler:
             await self._admit_waiting()
 
     async def warning_event(self, body: kopf.Body, namespace: str, **_: Any) -> None:
-        """A Warning about a model's pod (a volume not mounted, a probe failing): its status is refreshed."""
+        """A Warning about a model's pod or its router's (a volume not mounted, a probe failing): the model's
+        status is refreshed."""
         pod = (body.get("involvedObject") or {}).get("name", "")
         model = _first(self.indices.get(POD_MODELS_INDEX), (namespace, pod))
         if model and status.pod_warning(body) is not None:
@@ -921,12 +944,17 @@ def build_operator(
     kopf.index(*crds, id=CRDS_INDEX, when=_watched_crd, registry=registry)(_established)
     kopf.index("v1", "namespaces", id=TERMINATING_INDEX, registry=registry)(_terminating)
     kopf.index(*POD.resource, labels=CHILD_LABELS, id=POD_MODELS_INDEX, registry=registry)(_pod_model)
+    kopf.index(*POD.resource, labels=ROUTER_POD_LABELS, id=ROUTER_PODS_INDEX, registry=registry)(_pod_summary)
+    watch_routers = kopf.on.event(
+        *POD.resource, labels=ROUTER_POD_LABELS, id=ROUTER_POD_HANDLER, registry=registry
+    )
+    watch_routers(reconciler.child_event)
     kopf.index(*EVENTS, id=POD_WARNINGS_INDEX, registry=registry)(_pod_warning)
     kopf.on.event(*EVENTS, id=WARNING_HANDLER, registry=registry)(reconciler.warning_event)
     for kind, index_id in INDEXES.items():
-        summary = _pod_summary if kind is POD else _child_summary
-        kopf.index(*kind.resource, labels=CHILD_LABELS, id=index_id, registry=registry)(summary)
-        watch = kopf.on.event(*kind.resource, labels=CHILD_LABELS, id=kind.plural, registry=registry)
+        summary, labels = (_pod_summary, MODEL_POD_LABELS) if kind is POD else (_child_summary, CHILD_LABELS)
+        kopf.index(*kind.resource, labels=labels, id=index_id, registry=registry)(summary)
+        watch = kopf.on.event(*kind.resource, labels=labels, id=kind.plural, registry=registry)
         watch(reconciler.child_event)
 
     kopf.on.event(GROUP, VERSION, PLURAL, id=MODEL_HANDLER, registry=registry)(reconciler.model_event)

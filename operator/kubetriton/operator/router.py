@@ -222,9 +222,10 @@ def pod_template(
     """HAProxy, non-root on a read-only root filesystem, reading the configuration from `config_map`.
 
     The pods carry labels of their own, which the model's selector does not match: they are not the
-    model's pods. A stopping pod pauses, so that its Service stops sending it new connections; then the
-    image's stop signal (SIGUSR1 in the official image and the kit's) makes HAProxy close its listeners
-    and finish the requests in flight.
+    model's pods (the operator's label, which they carry too, lets it read their states). A stopping
+    pod pauses, so that its Service stops sending it new connections; then the image's stop signal
+    (SIGUSR1 in the official image and the kit's) makes HAProxy close its listeners and finish the
+    requests in flight.
     """
     labels = naming.router_selector_labels(model.metadata.name)
     container: dict[str, Any] = {
@@ -254,7 +255,10 @@ def pod_template(
         "tolerations": [dict(toleration) for toleration in settings.tolerations],
     }
     return {
-        "metadata": {"labels": labels, "annotations": {CONFIG_CHECKSUM_ANNOTATION: checksum(config_text)}},
+        "metadata": {
+            "labels": naming.router_pod_labels(model.metadata.name),
+            "annotations": {CONFIG_CHECKSUM_ANNOTATION: checksum(config_text)},
+        },
         "spec": {
             "containers": [container],
             "volumes": [{"name": CONFIG_VOLUME, "configMap": {"name": config_map}}],

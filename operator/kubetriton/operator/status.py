@@ -528,37 +528,38 @@ def summarize(
 
 
 ROUTER_READY = "RouterReady"
+ROUTER_NOT_READY = "RouterNotReady"
+ROUTER_WAITS_FOR_PODS = "a router is ready once it reaches a ready pod of the model, and none is"
 
 
 def router(
-    model: PyTritonModel, deployment: Mapping[str, Any] | None, pods_ready: int
+    model: PyTritonModel,
+    deployment: Mapping[str, Any] | None,
+    pods: Iterable[Mapping[str, Any]],
+    pods_ready: int,
+    warnings: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """status.router, and the RouterReady condition: true while a router pod serves. A router pod is
-    ready once it reaches one of the model's pods: while none of the `pods_ready` is, the condition
-    says so. A router whose rollout stalled (its pods cannot start) says why, as its Deployment does."""
+    """status.router, and the RouterReady condition: true while a router pod serves. While none does, it
+    says why: the most telling problem of the router's `pods` (`diagnose`, as for the model's own: an
+    image that cannot be pulled, no node that takes them, a stalled rollout), or else that none of the
+    model's pods is ready (`pods_ready`), since a router is ready once it reaches one."""
     name = naming.child_name(model.metadata.name, naming.ROUTER_SUFFIX)
     namespace, ports = model.metadata.namespace or "default", model.spec.service.ports
     observed = (deployment or {}).get("status") or {}
     ready, wanted = observed.get("readyReplicas", 0), (deployment or {}).get("spec", {}).get("replicas", 0)
     counts = f"{ready}/{wanted} router replicas ready"
-    stalled = next(
-        (
-            c.get("message", "")
-            for c in observed.get("conditions") or []
-            if c.get("type") == "Progressing" and c.get("status") == "False"
-        ),
-        "",
-    )
-    reasons = [counts]
-    if not pods_ready:
-        reasons.append("a router is ready once it reaches a ready pod of the model, and none is")
-    if stalled:
-        reasons.append(stalled)
-    condition = (
-        _condition(ROUTER_READY, True, "RouterServing", counts)
-        if ready > 0
-        else _condition(ROUTER_READY, False, "RouterNotReady", "; ".join(reasons))
-    )
+    if ready > 0:
+        condition = _condition(ROUTER_READY, True, "RouterServing", counts)
+    else:
+        running = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
+        problem = diagnose(deployment, running, model.spec.gpus.resource_name, warnings)
+        if problem is not None:
+            condition = _condition(ROUTER_READY, False, problem.reason, f"{counts}; {problem.message}")
+        elif not pods_ready:
+            waiting = f"{counts}; {ROUTER_WAITS_FOR_PODS}"
+            condition = _condition(ROUTER_READY, False, ROUTER_NOT_READY, waiting)
+        else:
+            condition = _condition(ROUTER_READY, False, ROUTER_NOT_READY, counts)
     summary = {
         "url": naming.http_url(name, namespace, ports.http),
         "grpcUrl": naming.grpc_url(name, namespace, ports.grpc),
