@@ -68,6 +68,7 @@ def test_replicas_prefer_different_nodes_and_drains_take_one_at_a_time() -> None
     )
     budget = release.one("PodDisruptionBudget")
     assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow", "a broken operator pod may go"
     assert budget["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
 
 

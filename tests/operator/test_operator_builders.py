@@ -214,6 +214,18 @@ def test_children_pass_the_kubernetes_schemas(changes: dict[str, Any], monitor: 
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
 
+def test_a_drain_evicts_one_ready_pod_at_a_time_and_any_pod_that_is_not_ready() -> None:
+    """Both budgets, the model's and its router's: a pod that is not Ready serves nothing, so a model that
+    cannot become Ready, or a router with no pod to send to, does not hold up a node's drain."""
+    built = children.desired(model_with(replicas=3, router=True), service_monitor=False)
+    budgets = {obj["metadata"]["name"]: obj["spec"] for obj in built if obj["kind"] == "PodDisruptionBudget"}
+    assert set(budgets) == {"esm1", "esm1-router"}
+    for spec in budgets.values():
+        assert (spec["maxUnavailable"], spec["unhealthyPodEvictionPolicy"]) == (1, "AlwaysAllow")
+    assert budgets["esm1"]["selector"]["matchLabels"] == naming.selector_labels("esm1")
+    assert budgets["esm1-router"]["selector"]["matchLabels"] == naming.router_selector_labels("esm1")
+
+
 def test_the_pods_service_lists_each_ready_pod_on_the_model_services_ports() -> None:
     model = model_with(
         service={"type": "LoadBalancer", "ports": {"http": 80, "grpc": 81, "metrics": 82, "worker": 83}}

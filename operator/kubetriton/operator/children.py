@@ -195,13 +195,20 @@ def build_pods_service(model: PyTritonModel) -> dict[str, Any]:
     )
 
 
+def _one_at_a_time(selector: dict[str, str]) -> dict[str, Any]:
+    """A disruption budget's spec: voluntary evictions take one Ready pod at a time, and a pod that is not
+    Ready may always go (it serves nothing), so that a model that cannot become Ready, or a router with
+    no pod to send to, does not hold up a node's drain."""
+    return {
+        "maxUnavailable": 1,
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        "selector": {"matchLabels": selector},
+    }
+
+
 def build_pod_disruption_budget(model: PyTritonModel) -> dict[str, Any]:
-    """Voluntary evictions take one pod at a time."""
-    return _object(
-        DISRUPTION_BUDGET,
-        model,
-        {"maxUnavailable": 1, "selector": {"matchLabels": naming.selector_labels(model.metadata.name)}},
-    )
+    """Voluntary evictions take one pod at a time (`_one_at_a_time`)."""
+    return _object(DISRUPTION_BUDGET, model, _one_at_a_time(naming.selector_labels(model.metadata.name)))
 
 
 def build_horizontal_pod_autoscaler(model: PyTritonModel) -> dict[str, Any]:
@@ -287,14 +294,9 @@ def build_router_service(model: PyTritonModel, settings: RouterSettings) -> dict
 
 
 def build_router_disruption_budget(model: PyTritonModel, settings: RouterSettings) -> dict[str, Any]:
-    """Voluntary evictions take one router pod at a time."""
+    """Voluntary evictions take one router pod at a time (`_one_at_a_time`)."""
     return _object(
-        ROUTER_DISRUPTION_BUDGET,
-        model,
-        {
-            "maxUnavailable": 1,
-            "selector": {"matchLabels": naming.router_selector_labels(model.metadata.name)},
-        },
+        ROUTER_DISRUPTION_BUDGET, model, _one_at_a_time(naming.router_selector_labels(model.metadata.name))
     )
 
 
