@@ -10,7 +10,7 @@
 #                             when there is one (NUMPY2_PYTHON may name another interpreter).
 #
 # Nothing is written outside this folder and the user's cache (~/.cache: pip's, kubetriton's Triton), and
-# nothing needs root. Tests that need a tool this does not install (promtool) skip, saying so.
+# nothing needs root. Tests that need a server this does not install (haproxy, promtool) skip, saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
