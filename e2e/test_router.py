@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from kubetriton.operator import naming, report
+from pytriton.client import ModelClient
 
 from e2e import routerload
-from e2e.cluster import Cluster, Settings, kubectl, pytriton_model, wait_for
+from e2e.cluster import Cluster, Settings, kubectl, port_forward, pytriton_model, wait_for
 from e2e.conftest import upgrade
 
 NAME = "routed"
@@ -265,6 +269,48 @@ def test_routers_are_ready_only_while_a_pod_is_and_wait_for_one_without_restarti
     for protocol in routerload.PROTOCOLS:
         assert sum(outcome[protocol]["pods"].values()) > 0, f"{protocol}: no answer"
         assert outcome[protocol]["failed"] == 0, outcome[protocol]["failures"]
+
+
+DEPLOYED = "routed-deploy"
+
+
+def test_deploy_with_a_router_returns_once_the_router_serves(
+    release: dict[str, Any], cluster: Cluster, settings: Settings, tmp_path: Path
+) -> None:
+    """`kubetriton deploy --router` waits past the model's Ready until a router serves: the router's
+    address it prints answers at once."""
+    namespace = settings.models_namespace
+    script = tmp_path / "serve.py"
+    script.write_text(SERVE)
+    deploy = [
+        sys.executable,
+        "-m",
+        "kubetriton.cli",
+        "deploy",
+        str(script),
+        "--name",
+        DEPLOYED,
+        "-n",
+        namespace,
+    ]
+    options = ["--image", settings.worker_image, "--router", "--timeout", "600s"]
+    result = subprocess.run([*deploy, *options], capture_output=True, text=True, timeout=700)
+    try:
+        print(f"$ kubetriton deploy serve.py {' '.join(options)}\n{result.stdout}{result.stderr}")
+        assert result.returncode == 0, result.stderr
+        condition, ready = _router_ready(cluster, namespace, DEPLOYED)
+        assert condition.get("status") == "True" and ready >= 1, condition
+        assert f"Router: http://{DEPLOYED}-router.{namespace}.svc:8000" in result.stdout
+        with (
+            port_forward(namespace, f"service/{DEPLOYED}-router", 8000) as local,
+            ModelClient(f"http://127.0.0.1:{local}", ECHO, init_timeout_s=30) as client,
+        ):
+            data = np.arange(3, dtype=np.float32)
+            assert client.infer_sample(x=data)["y"].tolist() == data.tolist()
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "kubetriton.cli", "delete", DEPLOYED, "-n", namespace], capture_output=True
+        )
 
 
 PLACED = "routed-placed"

@@ -365,6 +365,39 @@ async def test_deploy_applies_the_script_and_model_then_follows_them_to_ready(
     assert script_config_maps(cluster) == [second_map]
 
 
+@pytest.mark.asyncio
+async def test_deploy_with_a_router_waits_until_the_router_serves(
+    cluster: ClusterEmulator,
+    start_operator: StartOperator,
+    kubeconfig: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The model Ready is not enough where it has a router: the router's address, which deploy prints,
+    answers only once a router pod is ready."""
+    await start_operator()
+    path = write_script(tmp_path / "app")
+    deploying, _ = await start_deploy(capsys, cluster, path, "--image", "python:3.13-slim", "--router")
+    await eventually(lambda: stored(cluster, CHILD_APIS["Deployment"], "lengths-router"), message="router")
+    await set_deployment_status(cluster, "lengths-router", ready=0, replicas=2)
+    await set_deployment_status(cluster, "lengths", ready=1, replicas=1)
+    await eventually(lambda: rollout.is_ready(model(cluster, "lengths") or {}), message="the model Ready")
+    await asyncio.sleep(2 * rollout.POLL_SECONDS)  # deploy looks at a Ready model whose router is not
+    assert not deploying.done(), "deploy returned before the router serves"
+    await set_deployment_status(cluster, "lengths-router", ready=2, replicas=2)
+    done = await asyncio.wait_for(deploying, 30)
+
+    assert (done.code, done.err) == (0, "")
+    lines = done.out.splitlines()
+    progress = lines[lines.index("waiting for lengths to be Ready (timeout 300s)") + 1 : lines.index("")]
+    assert progress[-3:] == [
+        "router: 0/2 router replicas ready",
+        "router: 2/2 router replicas ready",
+        "lengths is Ready: 1/1 replicas ready",
+    ]
+    assert "Router: http://lengths-router.default.svc:8000, grpc://lengths-router.default.svc:8001" in lines
+
+
 def exited_pod(
     name: str,
     image: str,
@@ -520,6 +553,33 @@ async def test_deploy_times_out_saying_what_it_waited_for(
     again = await kubetriton(capsys, "deploy", str(path), "--timeout", "1s")
     assert (
         again.err == "error: timed out after 1s: lengths is not Ready: Loading: 0/1 replicas ready; loading\n"
+    )
+
+    no_router = {
+        "observedGeneration": 1,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "AllReplicasReady",
+                "message": "1/1 replicas ready",
+            },
+            {
+                "type": "RouterReady",
+                "status": "False",
+                "reason": "ImagePullBackOff",
+                "message": "0/2 router replicas ready; pod lengths-router-1: container haproxy: Back-off",
+            },
+        ],
+    }
+    await patch(cluster, MODELS.format(ns="default") + "/lengths/status", {"status": no_router})
+    routed = await kubetriton(capsys, "deploy", str(path), "--timeout", "1s")
+    assert routed.out.splitlines()[-1] == (
+        "router: 0/2 router replicas ready; pod lengths-router-1: container haproxy: Back-off"
+    )
+    assert routed.err == (
+        "error: timed out after 1s: lengths is Ready, its router is not: ImagePullBackOff: "
+        "0/2 router replicas ready; pod lengths-router-1: container haproxy: Back-off\n"
     )
 
 

@@ -1,4 +1,5 @@
-"""Following a model until it is Ready, as `kubetriton deploy` shows it: one line per change.
+"""Following a model until it is Ready (and its router serves, where it has one), as `kubetriton deploy`
+shows it: one line per change.
 
 What a user waits for on a cluster happens in steps that take very different times: the operator
 takes the new spec, pods are scheduled, images are pulled, the worker loads its models, pods turn
@@ -42,6 +43,13 @@ def observed(model: Mapping[str, Any]) -> bool:
 
 def is_ready(model: Mapping[str, Any]) -> bool:
     return observed(model) and condition(model, status.READY).get("status") == "True"
+
+
+def router_serving(model: Mapping[str, Any]) -> bool:
+    """True unless the model has a router that serves no request yet (RouterReady false): a router is
+    ready a few seconds after the model's first pod, once it has found the pod."""
+    router = condition(model, status.ROUTER_READY)
+    return not router or router.get("status") == "True"
 
 
 def wanted_replicas(model: Mapping[str, Any]) -> int:
@@ -111,6 +119,9 @@ def steps(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> dict[str, str
         ready = sum(_pod_condition(p, "Ready") for p in mine)
     if ready:
         shown["ready"] = f"ready: {ready} of {wanted}"
+    router = condition(model, status.ROUTER_READY)
+    if router and (is_ready(model) or router.get("reason") != status.ROUTER_NOT_READY):
+        shown["router"] = f"router: {router.get('message')}"
     return shown
 
 
@@ -162,6 +173,9 @@ def still_missing(model: Mapping[str, Any]) -> str:
     if not observed(model):
         return f"the operator has not taken the new spec of {name} yet (is it running?)"
     ready = condition(model, status.READY)
+    if is_ready(model):
+        router = condition(model, status.ROUTER_READY)
+        return f"{name} is Ready, its router is not: {router.get('reason')}: {router.get('message')}"
     detail = (
         f": {ready.get('reason')}: {ready.get('message')}" if ready else " (it has no Ready condition yet)"
     )
@@ -175,7 +189,8 @@ def follow(
     show: Callable[[str], None],
     poll_seconds: float = POLL_SECONDS,
 ) -> dict[str, Any]:
-    """Wait until the model is Ready and return it, showing each step as it changes.
+    """Wait until the model is Ready, and its router serves where it has one, and return it, showing each
+    step as it changes.
 
     Raises CommandError once the model cannot get Ready without a change from the user (`stalled`), on
     timeout, or when the model goes."""
@@ -190,7 +205,7 @@ def follow(
             if shown.get(step) != line:
                 show(line)
                 shown[step] = line
-        if is_ready(model):
+        if is_ready(model) and router_serving(model):
             return model
         cause = stalled(model, pods)
         if cause is not None:
