@@ -524,6 +524,16 @@ def test_a_cause_in_a_pod_of_an_earlier_script_does_not_end_the_wait() -> None:
     assert rollout.stalled(model("exceeded quota"), [old])["message"] == "exceeded quota"
 
 
+def observed_status(*conditions: tuple[str, str, str, str]) -> dict[str, Any]:
+    """A model's status as the operator writes it for its first generation: (type, status, reason, message)
+    of each condition."""
+    fields = ("type", "status", "reason", "message")
+    return {
+        "observedGeneration": 1,
+        "conditions": [dict(zip(fields, found, strict=True)) for found in conditions],
+    }
+
+
 @pytest.mark.asyncio
 async def test_deploy_times_out_saying_what_it_waited_for(
     cluster: ClusterEmulator, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -538,40 +548,22 @@ async def test_deploy_times_out_saying_what_it_waited_for(
         "error: timed out after 1s: the operator has not taken the new spec of lengths yet (is it running?)\n"
     )
 
-    stalled = {
-        "observedGeneration": 1,
-        "conditions": [
-            {
-                "type": "Ready",
-                "status": "False",
-                "reason": "Loading",
-                "message": "0/1 replicas ready; loading",
-            }
-        ],
-    }
+    stalled = observed_status(("Ready", "False", "Loading", "0/1 replicas ready; loading"))
     await patch(cluster, MODELS.format(ns="default") + "/lengths/status", {"status": stalled})
     again = await kubetriton(capsys, "deploy", str(path), "--timeout", "1s")
     assert (
         again.err == "error: timed out after 1s: lengths is not Ready: Loading: 0/1 replicas ready; loading\n"
     )
 
-    no_router = {
-        "observedGeneration": 1,
-        "conditions": [
-            {
-                "type": "Ready",
-                "status": "True",
-                "reason": "AllReplicasReady",
-                "message": "1/1 replicas ready",
-            },
-            {
-                "type": "RouterReady",
-                "status": "False",
-                "reason": "ImagePullBackOff",
-                "message": "0/2 router replicas ready; pod lengths-router-1: container haproxy: Back-off",
-            },
-        ],
-    }
+    no_router = observed_status(
+        ("Ready", "True", "AllReplicasReady", "1/1 replicas ready"),
+        (
+            "RouterReady",
+            "False",
+            "ImagePullBackOff",
+            "0/2 router replicas ready; pod lengths-router-1: container haproxy: Back-off",
+        ),
+    )
     await patch(cluster, MODELS.format(ns="default") + "/lengths/status", {"status": no_router})
     routed = await kubetriton(capsys, "deploy", str(path), "--timeout", "1s")
     assert routed.out.splitlines()[-1] == (
