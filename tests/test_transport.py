@@ -532,8 +532,8 @@ def test_busy_poll_stops_once_the_process_is_busy_elsewhere(hops):
     busy_poll = BusyPoll(window_us=2_000_000)
     _single_requests_came_quickly(busy_poll)
     another_thread_busy = threading.Event()
+    started = time.monotonic()  # before the timer starts: it sets the event no sooner than 0.05 s after this
     threading.Timer(0.05, another_thread_busy.set).start()
-    started = time.monotonic()
     assert busy_poll.poll(worker.poller, busy_elsewhere=another_thread_busy.is_set) == []
     assert 0.05 <= time.monotonic() - started < 1.0
 
