@@ -49,8 +49,9 @@ METRICS_PORT = 8404
 LIVE_PATH = "/healthz"
 """Answers while HAProxy runs: a router whose model has no pod up is not restarted for it."""
 READY_PATH = "/readyz"
-"""Answers 200 once both backends have a pod whose last check passed, 503 while either has none: a
-router joins its Service only when a request sent to it over either protocol finds a pod."""
+"""Answers 200 while both backends have a usable pod (one the name resolves to, not marked down by its
+checks; HAProxy counts a pod usable from its first address, before its first check), 503 while either
+has none: a router joins its Service only when a request sent to it over either protocol finds a pod."""
 CONFIG_VOLUME = "config"
 CONFIG_DIR = "/usr/local/etc/haproxy"
 CONFIG_FILE = "haproxy.cfg"
@@ -176,6 +177,7 @@ frontend grpc
     bind :{ports.grpc} proto h2
     default_backend pods-grpc
 
+# ready while each backend has a pod to send to, alive while HAProxy runs
 frontend router
     bind :{ports.metrics}
     monitor-uri {READY_PATH}
