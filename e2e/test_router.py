@@ -29,6 +29,7 @@ from pytriton.client import ModelClient
 from e2e import routerload
 from e2e.cluster import Cluster, Settings, kubectl, port_forward, pytriton_model, wait_for
 from e2e.conftest import upgrade
+from e2e.test_deploy import deploy
 
 NAME = "routed"
 SLOW, ECHO = "Slow", "Echo"
@@ -86,8 +87,9 @@ def _model(image: str, replicas: int, generation: int) -> dict[str, Any]:
 
 def _router_serving(cluster: Cluster, namespace: str, name: str = NAME) -> dict[str, Any] | None:
     """The model once its status shows both router replicas ready and RouterReady true."""
-    condition, ready = _router_ready(cluster, namespace, name)
-    return cluster.model(name, namespace) if condition.get("status") == "True" and ready == 2 else None
+    model = cluster.model(name, namespace) or {}
+    condition, ready = _router_state(model)
+    return model if condition.get("status") == "True" and ready == 2 else None
 
 
 def _run_to_the_end(cluster: Cluster, settings: Settings, namespace: str, arguments: list[str]) -> str:
@@ -213,11 +215,15 @@ def test_no_request_through_the_router_fails_while_the_pods_roll_or_go(
         assert outcome[protocol]["failed"] == 0, outcome[protocol]["failures"]
 
 
-def _router_ready(cluster: Cluster, namespace: str, name: str) -> tuple[dict[str, Any], int]:
+def _router_state(model: dict[str, Any]) -> tuple[dict[str, Any], int]:
     """The model's RouterReady condition ({} while it has none) and its ready router pods."""
-    found = (cluster.model(name, namespace) or {}).get("status") or {}
+    found = model.get("status") or {}
     condition = next((c for c in found.get("conditions", []) if c["type"] == "RouterReady"), {})
     return condition, (found.get("router") or {}).get("readyReplicas", 0)
+
+
+def _router_ready(cluster: Cluster, namespace: str, name: str) -> tuple[dict[str, Any], int]:
+    return _router_state(cluster.model(name, namespace) or {})
 
 
 def _router_waiting(cluster: Cluster, namespace: str) -> str | None:
@@ -226,12 +232,15 @@ def _router_waiting(cluster: Cluster, namespace: str) -> str | None:
     return condition.get("message") if condition.get("status") == "False" and not ready else None
 
 
+def _router_pods(cluster: Cluster, namespace: str, name: str) -> list[Any]:
+    selector = ",".join(f"{key}={value}" for key, value in naming.router_selector_labels(name).items())
+    return cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
+
+
 def _router_restarts(cluster: Cluster, namespace: str) -> dict[str, int]:
-    selector = ",".join(f"{key}={value}" for key, value in naming.router_selector_labels(NAME).items())
-    pods = cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
     return {
         pod.metadata.name: sum(status.restart_count for status in pod.status.container_statuses or [])
-        for pod in pods
+        for pod in _router_pods(cluster, namespace, NAME)
     }
 
 
@@ -282,22 +291,11 @@ def test_deploy_with_a_router_returns_once_the_router_serves(
     namespace = settings.models_namespace
     script = tmp_path / "serve.py"
     script.write_text(SERVE)
-    deploy = [
-        sys.executable,
-        "-m",
-        "kubetriton.cli",
-        "deploy",
-        str(script),
-        "--name",
-        DEPLOYED,
-        "-n",
-        namespace,
-    ]
-    options = ["--image", settings.worker_image, "--router", "--timeout", "600s"]
-    result = subprocess.run([*deploy, *options], capture_output=True, text=True, timeout=700)
+    options = ["--image", settings.worker_image, "--router", "--name", DEPLOYED, "-n", namespace]
+    result, took = deploy(script, *options, "--timeout", "600s")
     try:
-        print(f"$ kubetriton deploy serve.py {' '.join(options)}\n{result.stdout}{result.stderr}")
         assert result.returncode == 0, result.stderr
+        print(f"returned {took:.1f} s after it started")
         condition, ready = _router_ready(cluster, namespace, DEPLOYED)
         assert condition.get("status") == "True" and ready >= 1, condition
         assert f"Router: http://{DEPLOYED}-router.{namespace}.svc:8000" in result.stdout
@@ -356,8 +354,7 @@ def test_routers_run_where_the_chart_places_them_on_a_node_the_models_pods_may_n
         assert unschedulable["status"] == "False" and UNTOLERATED in unschedulable["message"]
         kubectl("taint", "node", node, f"{UNTOLERATED}-")
         wait_for(lambda: _router_serving(cluster, namespace, PLACED), settings.ready_timeout_s, "the routers")
-        selector = ",".join(f"{key}={value}" for key, value in naming.router_selector_labels(PLACED).items())
-        pods = cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
+        pods = _router_pods(cluster, namespace, PLACED)
         assert pods and all(pod.spec.node_selector == placement["nodeSelector"] for pod in pods)
         assert all(any(t.key == TAINT for t in pod.spec.tolerations or []) for pod in pods)
     finally:

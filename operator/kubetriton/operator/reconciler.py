@@ -449,12 +449,9 @@ class Reconciler:
         keys |= {key for key, state in self._models.items() if state.applied_deployment is not None}
         return sum(1 for key in keys if (deployment := self._deployment(key)) and rolling_out(deployment))
 
-    def _pods(self, key: Key) -> list[dict[str, Any]]:
-        index = self.indices.get(INDEXES[POD])
-        return list(index.get(key, ())) if index is not None else []
-
-    def _router_pods(self, key: Key) -> list[dict[str, Any]]:
-        index = self.indices.get(ROUTER_PODS_INDEX)
+    def _pods(self, key: Key, index_id: str = INDEXES[POD]) -> list[dict[str, Any]]:
+        """The model's pods, or with `ROUTER_PODS_INDEX` its router's."""
+        index = self.indices.get(index_id)
         return list(index.get(key, ())) if index is not None else []
 
     def _warnings(self, key: Key, pods: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -718,7 +715,7 @@ class Reconciler:
         elif not model.spec.scaled_by_operator and previous.get("autoscaling"):
             summary["autoscaling"] = None
         if model.spec.router:
-            router_pods = self._router_pods(key)
+            router_pods = self._pods(key, ROUTER_PODS_INDEX)
             summary["router"], condition = status.router(
                 model,
                 self._observed(children.ROUTER_DEPLOYMENT, key),

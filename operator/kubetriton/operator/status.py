@@ -493,6 +493,11 @@ def _retrying_conditions(conditions: list[dict[str, str]], failure: ApplyFailure
     return [replaced.get(condition["type"], condition) for condition in conditions]
 
 
+def _not_stopping(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The pods not being deleted: a stopping pod is neither loading nor failing."""
+    return [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
+
+
 def summarize(
     model: PyTritonModel,
     deployment: Mapping[str, Any] | None,
@@ -505,7 +510,7 @@ def summarize(
     cluster's Warning events about each pod, by pod name (`pod_warning`), and `template_generation` the
     Deployment's generation when its pod template was last applied. Stopping pods are left out: a
     draining worker is neither loading nor failing."""
-    pods = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
+    pods = _not_stopping(pods)
     spec = model.spec
     problem = diagnose(deployment, pods, spec.gpus.resource_name, warnings, spec.startup_seconds)
     deployment_status = (deployment or {}).get("status") or {}
@@ -551,8 +556,7 @@ def router(
     if ready > 0:
         condition = _condition(ROUTER_READY, True, "RouterServing", counts)
     else:
-        running = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
-        problem = diagnose(deployment, running, model.spec.gpus.resource_name, warnings)
+        problem = diagnose(deployment, _not_stopping(pods), model.spec.gpus.resource_name, warnings)
         if problem is not None:
             condition = _condition(ROUTER_READY, False, problem.reason, f"{counts}; {problem.message}")
         elif not pods_ready:
