@@ -25,6 +25,7 @@ from kubetriton.transport import (
     HELLO,
     HOP_DATAGRAM_BYTES,
     PARAM_BUSY_POLL_US,
+    PARAM_HOP_PATH,
     PAUSES_NS,
     REPLY,
     REQUEST,
@@ -52,6 +53,7 @@ from kubetriton.transport import (
 from kubetriton.worker import (
     DEFAULT_BUSY_POLL_US,
     ENV_BUSY_POLL_US,
+    MAX_SOCKET_PATH,
     InstanceServer,
     TransportSettings,
     busy_poll_us,
@@ -496,6 +498,17 @@ def test_the_worker_polls_for_2_ms_unless_told_otherwise(monkeypatch, tmp_path):
     assert busy_poll_us() == DEFAULT_BUSY_POLL_US == 2000
     settings = TransportSettings(tmp_path, tmp_path, 1024)
     assert settings.model_parameters("model", 1)[PARAM_BUSY_POLL_US] == "2000"
+
+
+def test_sockets_fit_a_unix_path_for_the_longest_model_names():
+    sockets = Path("/workspace/kubetriton/servers/0123456789abcdef/sockets")  # as deep as a pod's, and more
+    settings = TransportSettings(sockets, sockets, 1024)
+    longest, sibling = "M" * 128, "M" * 127 + "N"
+    paths = [settings.hop_path(longest, 63), settings.hop_path(sibling, 63), settings.hop_path("add_sub", 0)]
+    assert max(len(path) for path in paths) <= MAX_SOCKET_PATH
+    assert len(set(paths)) == 3, "names that share a long prefix get sockets of their own"
+    assert paths[2] == f"{sockets}/add_sub.0.hop", "a short name is the socket's name"
+    assert settings.model_parameters(longest, 64)[PARAM_HOP_PATH] == settings.hop_path(longest, "{instance}")
 
 
 @pytest.mark.parametrize(

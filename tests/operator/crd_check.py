@@ -72,16 +72,22 @@ def schema_errors(schema: dict[str, Any], value: Any) -> list[str]:
 
 
 def duplicate_keys(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
-    """Entries of a list of `x-kubernetes-list-type: map` that repeat an earlier entry's keys."""
+    """Entries of a list of `x-kubernetes-list-type: map` that repeat an earlier entry's keys, and of a
+    `set` that repeat an earlier entry."""
     problems = []
     if isinstance(value, list) and "items" in schema:
         names = schema.get("x-kubernetes-list-map-keys", [])
-        seen = set()
+        seen: list[Any] = []
         for index, item in enumerate(value):
+            if schema.get("x-kubernetes-list-type") == "set":
+                if item in seen:
+                    problems.append(f"{path[1:]}[{index}]: Duplicate value: {item!r}")
+                seen.append(item)
+                continue
             key = tuple((name, item.get(name)) for name in names)
             if key and key in seen:
                 problems.append(f"{path[1:]}[{index}]: Duplicate value: {dict(key)}")
-            seen.add(key)
+            seen.append(key)
             problems += duplicate_keys(schema["items"], item, f"{path}[{index}]")
     elif isinstance(value, dict):
         for key, item in value.items():

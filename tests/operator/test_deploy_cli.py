@@ -109,14 +109,18 @@ def script_config_maps(cluster: ClusterEmulator, namespace: str = "default") -> 
 
 def test_model_names_come_from_bind_calls_by_keyword_or_position(tmp_path: Path) -> None:
     source = """\
+        import socket, zmq
         from pytriton.triton import Triton
+        zmq.Context().socket(zmq.PUB).bind("tcp://*:5556")
+        socket.socket().bind(("0.0.0.0", 9000))
         with Triton() as triton:
             triton.bind(infer_func=f, model_name="Embed", inputs=[], outputs=[])
             triton.bind("Rank", g, [], [])
             triton.bind(model_name="Embed", infer_func=f, inputs=[], outputs=[])
+            triton.bind("add_sub", h, [], [])
     """
     loaded = script.load(write_script(tmp_path, source))
-    assert script.model_names(loaded) == ["Embed", "Rank"]
+    assert script.model_names(loaded) == ["Embed", "Rank", "add_sub"], "a socket's bind names no model"
 
 
 @pytest.mark.parametrize(
@@ -231,18 +235,27 @@ def test_dry_run_refuses_what_the_api_server_would(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
-    path = write_script(tmp_path, "triton.bind(model_name='no_underscores', infer_func=f)\n")
+    path = write_script(tmp_path, "triton.bind(model_name='-leading-dash', infer_func=f)\n")
     assert (
         cli.main(["deploy", str(path), "--image", "x", "--name", "m", "--dry-run=client", "-o", "yaml"]) == 1
     )
     printed = capsys.readouterr()
     assert printed.out == ""
     assert printed.err.startswith(
-        "error: invalid PyTritonModel:\nspec.models: 'no_underscores': each model name"
+        "error: invalid PyTritonModel:\nspec.models: '-leading-dash': each model name"
     )
 
     assert cli.main(["deploy", str(path), "--model", "Ranker", "--dry-run=client"]) == 1
     assert capsys.readouterr().err == "error: --image is required\n"
+
+    router_named = write_script(tmp_path / "c", "triton.bind(model_name='Text-Router', infer_func=f)\n")
+    assert cli.main(["deploy", str(router_named), "--image", "x", "--dry-run=client"]) == 1
+    assert capsys.readouterr().err == (
+        "error: the object name made from 'Text-Router', 'text-router', ends with -pods or -router, which"
+        " names the model's own children: give another with --name\n"
+    )
+    assert cli.main(["deploy", str(router_named), "--image", "x", "--name", "", "--dry-run=client"]) == 1
+    assert "metadata.name must be" in capsys.readouterr().err, "an empty --name is refused, not ignored"
 
     unreadable = write_script(tmp_path / "b", "triton.bind(model_name=NAME, infer_func=f)\n")
     assert cli.main(["deploy", str(unreadable), "--image", "x", "--dry-run=client", "-o", "yaml"]) == 1
@@ -363,6 +376,27 @@ async def test_deploy_applies_the_script_and_model_then_follows_them_to_ready(
     }, "a deploy without --image keeps the model's image"
     assert updated["metadata"]["generation"] == 2
     assert script_config_maps(cluster) == [second_map]
+
+
+@pytest.mark.asyncio
+async def test_deploy_of_zero_replicas_returns_once_no_pod_is_left(
+    cluster: ClusterEmulator,
+    start_operator: StartOperator,
+    kubeconfig: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    await start_operator()
+    path = write_script(tmp_path / "app")
+    deploying, _ = await start_deploy(
+        capsys, cluster, path, "--image", "python:3.13-slim", "--replicas", "0", "--timeout", "20s"
+    )
+    await set_deployment_status(cluster, "lengths", ready=0, replicas=0)
+    result = await asyncio.wait_for(deploying, 30)
+
+    assert (result.code, result.err) == (0, ""), "deploy waited for a Ready that 0 replicas never give"
+    assert "lengths is scaled to zero: the model has no replicas" in result.out.splitlines()
+    assert result.out.endswith("\n".join(ACCESS_LINES) + "\n")
 
 
 @pytest.mark.asyncio

@@ -100,14 +100,14 @@ def test_render_rejects_a_bad_spec_readably(tmp_path: Path) -> None:
     bad = tmp_path / "model.yaml"
     bad.write_text(
         "apiVersion: kubetriton.dev/v1alpha1\nkind: PyTritonModel\nmetadata: {name: bad}\n"
-        "spec:\n  worker: {image: w}\n  models: [ok, not_ok]\n"
+        "spec:\n  worker: {image: w}\n  models: [ok, -not-ok]\n"
     )
     result = subprocess.run(
         [sys.executable, "-m", "kubetriton.cli", "render", str(bad)], capture_output=True, text=True
     )
     assert result.returncode == 1
     assert result.stdout == ""
-    assert "spec.models: 'not_ok': each model name must be" in result.stderr
+    assert "spec.models: '-not-ok': each model name must be" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -666,16 +666,12 @@ async def test_bad_spec_is_reported_and_the_operator_carries_on(
     assert operator.alive and operator.error is None
 
 
-def duplicate_ports(service: dict[str, Any]) -> tuple[int, str] | None:
-    """The real API server's answer to a server-side apply of a Service whose ports repeat."""
-    ports = [port["port"] for port in service.get("spec", {}).get("ports", [])]
-    repeated = next((port for index, port in enumerate(ports) if port in ports[:index]), None)
-    if repeated is None:
-        return None
-    return 500, (
-        "failed to create typed patch object (default/identity; /v1, Kind=Service): "
-        f'.spec.ports: duplicate entries for key [port={repeated},protocol="TCP"]'
-    )
+NO_LOAD_BALANCERS = 'admission webhook "policy.example.com" denied the request: no load balancers here'
+
+
+def no_load_balancers(service: dict[str, Any]) -> str | None:
+    """A policy's answer to a Service of type LoadBalancer, which the model's own schema allows."""
+    return NO_LOAD_BALANCERS if service.get("spec", {}).get("type") == "LoadBalancer" else None
 
 
 def failed_to_apply(cluster: ClusterEmulator, name: str) -> dict[str, Any]:
@@ -710,16 +706,16 @@ async def test_a_refused_child_keeps_the_model_degraded(
 
 async def test_a_corrected_spec_is_acted_on_at_once(cluster: ClusterEmulator, start_operator: StartOperator):
     await start_operator(refused_retry_delays=(3600,))
-    cluster.rejections["services"] = duplicate_ports
-    await create_model(cluster, model_document("identity", service={"ports": {"http": 8001}}))
+    cluster.rejections["services"] = no_load_balancers
+    await create_model(cluster, model_document("identity", service={"type": "LoadBalancer"}))
     failed = await eventually(lambda: failed_to_apply(cluster, "identity"), message="ApplyFailed")
-    assert "duplicate entries for key [port=8001" in failed["message"]
+    assert NO_LOAD_BALANCERS in failed["message"]
 
     await patch(
-        cluster, MODELS.format(ns="default") + "/identity", {"spec": {"service": {"ports": {"http": 8000}}}}
+        cluster, MODELS.format(ns="default") + "/identity", {"spec": {"service": {"type": "ClusterIP"}}}
     )
     service = await eventually(lambda: stored(cluster, CHILD_APIS["Service"], "identity"), message="Service")
-    assert [port["port"] for port in service["spec"]["ports"]][:2] == [8000, 8001]
+    assert service["spec"]["type"] == "ClusterIP"
     await eventually(lambda: condition(cluster, "identity", "Degraded").get("status") == "False")
 
 

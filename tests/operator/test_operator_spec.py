@@ -132,14 +132,16 @@ RULE_CASES = [
         "spec.gpus.resourceName",
         spec.GPU_RESOURCE_NAME,
     ),
-    ("CamelCase and dashed model names", _with(spec__models=["ESM1", "my-model"]), None, None),
     (
-        "underscore in a model name",
-        _with(spec__models=["my_model"]),
-        "spec.models",
-        spec.DNS_SAFE_MODEL_NAMES,
+        "model names as Triton and bind() take them",
+        _with(
+            spec__models=["ESM1", "my-model", "add_sub", "resnet50.onnx", "M" * spec.MODEL_NAME_MAX_LENGTH]
+        ),
+        None,
+        None,
     ),
-    ("model name starting with a dash", _with(spec__models=["-x"]), "spec.models", spec.DNS_SAFE_MODEL_NAMES),
+    ("model name starting with a dash", _with(spec__models=["-x"]), "spec.models", spec.MODEL_NAMES),
+    ("a comma in a model name", _with(spec__models=["a,b"]), "spec.models", spec.MODEL_NAMES),
     ("uppercase object name", _with(metadata__name="ESM1"), "metadata.name", spec.SERVICE_SAFE_NAME),
     (
         "object name starting with a digit",
@@ -258,6 +260,43 @@ RULE_CASES = [
         "spec.worker.processes",
         spec.PROCESSES_NEED_A_COMMAND,
     ),
+    (
+        "a variable with a value and its source",
+        _with(spec__worker=_worker(env=[{"name": "A", "value": "1", "valueFrom": {"fieldRef": {}}}])),
+        "spec.worker.env[0].valueFrom",
+        spec.VALUE_OR_VALUE_FROM,
+    ),
+    (
+        "a variable from a secret",
+        _with(spec__worker=_worker(env=[{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s"}}}])),
+        None,
+        None,
+    ),
+    ("other service ports", _with(spec__service={"ports": {"http": 80, "grpc": 81}}), None, None),
+    (
+        "one port for two protocols",
+        _with(spec__service={"ports": {"http": 9000, "grpc": 9000}}),
+        "spec.service.ports",
+        spec.PORTS_DIFFER,
+    ),
+    (
+        "a GPU for the Triton sidecar",
+        _with(spec__triton={"resources": {"limits": {spec.GPU_RESOURCE: 1}}}),
+        "spec.triton.resources",
+        spec.NO_GPU_RESOURCES,
+    ),
+    (
+        "a MIG slice for the bootstrap step",
+        _with(spec__bootstrap={"resources": {"requests": {"nvidia.com/mig-1g.10gb": 1}}}),
+        "spec.bootstrap.resources",
+        spec.NO_GPU_RESOURCES,
+    ),
+    (
+        "CPU and memory for the sidecar",
+        _with(spec__triton={"resources": {"limits": {"cpu": "500m", "memory": "2Gi"}}}),
+        None,
+        None,
+    ),
     ("a label of the user's", _with(spec__podLabels={"team": "ml"}), None, None),
     (
         "a label the operator sets",
@@ -282,11 +321,81 @@ def test_api_server_rules(obj: dict[str, Any], field: str | None, rule: dict[str
 )
 def test_pydantic_rules(obj: dict[str, Any], rule: dict[str, str] | None) -> None:
     if rule is None:
-        PyTritonModel.model_validate(obj)
+        PyTritonModel.read(obj)
         return
     with pytest.raises(ValidationError) as raised:
-        PyTritonModel.model_validate(obj)
+        PyTritonModel.read(obj)
     assert rule["message"] in describe_validation_error(raised.value)
+
+
+SCHEMA_CASES = [
+    (
+        "a quantity with a space",
+        _with(spec__worker=_worker(resources={"limits": {"memory": "1Gi "}})),
+        "spec.worker.resources.limits.memory",
+    ),
+    ("a quantity in GB", _with(spec__triton={"resources": {"requests": {"memory": "1GB"}}}), "spec.triton"),
+    (
+        "a negative quantity",
+        _with(spec__bootstrap={"resources": {"limits": {"cpu": "-1"}}}),
+        "spec.bootstrap.resources.limits.cpu",
+    ),
+    (
+        "a negative integer amount",
+        _with(spec__worker=_worker(resources={"limits": {"cpu": -1}})),
+        "spec.worker",
+    ),
+    ("an empty Triton image", _with(spec__triton={"image": ""}), "spec.triton.image"),
+    (
+        "an image with a trailing space",
+        _with(spec__worker=_worker(image="python:3.13 ")),
+        "spec.worker.image",
+    ),
+    ("an '=' in a variable's name", _with(spec__worker=_worker(env=[{"name": "A=B", "value": "1"}])), "spec"),
+    ("an uppercase volume name", _with(spec__volumes=[{**WEIGHTS, "name": "Weights"}]), "spec.volumes"),
+    (
+        "two mounts on one path",
+        _with(
+            spec__volumes=[WEIGHTS, {"name": "cache", "emptyDir": {}}],
+            spec__worker=_worker(volumeMounts=[WEIGHTS_MOUNT, {"name": "cache", "mountPath": "/models"}]),
+        ),
+        "spec.worker.volumeMounts",
+    ),
+    ("a label value with a space", _with(spec__podLabels={"team": "ml ops"}), "spec.podLabels"),
+    ("a node label value with a space", _with(spec__scheduling={"nodeSelector": {"a": "b c"}}), "spec"),
+    (
+        "a ServiceAccount with an underscore",
+        _with(spec__serviceAccountName="My_SA"),
+        "spec.serviceAccountName",
+    ),
+    ("a PriorityClass with a space", _with(spec__scheduling={"priorityClassName": "Bad Class"}), "spec"),
+    ("an uppercase RuntimeClass", _with(spec__runtimeClassName="Bad_Name"), "spec.runtimeClassName"),
+    ("a pull secret with a space", _with(spec__imagePullSecrets=[{"name": "a b"}]), "spec.imagePullSecrets"),
+]
+"""Values whose children the API server would refuse (a Deployment it cannot store), refused by the
+CRD's schema as the model is applied, and by render."""
+
+
+@pytest.mark.parametrize(
+    ("obj", "field"), [case[1:] for case in SCHEMA_CASES], ids=[case[0] for case in SCHEMA_CASES]
+)
+def test_what_the_pods_cannot_hold_is_refused_as_the_model_is_applied(
+    obj: dict[str, Any], field: str
+) -> None:
+    _, errors = admit(obj)
+    assert errors, "the CRD admits it"
+    with pytest.raises(ValidationError) as raised:
+        PyTritonModel.read(obj)
+    assert describe_validation_error(raised.value).startswith(field)
+
+
+@pytest.mark.parametrize(
+    "amount", [2, 0, "2", "0.5", "500m", "8Gi", "1e3", "100M", "1.5Gi", ".5", "250u"], ids=str
+)
+def test_quantities_as_kubernetes_writes_them_are_admitted(amount: int | str) -> None:
+    obj = _with(spec__worker=_worker(resources={"requests": {"memory": amount}}))
+    assert admit(obj)[1] == []
+    PyTritonModel.read(obj)
 
 
 def test_an_env_name_appears_once() -> None:
@@ -296,6 +405,14 @@ def test_an_env_name_appears_once() -> None:
     with pytest.raises(ValidationError) as raised:
         PyTritonModel.model_validate(obj)
     assert "spec.worker.env: each name at most once: A repeated" in describe_validation_error(raised.value)
+
+
+def test_a_model_name_appears_once() -> None:
+    obj = _with(spec__models=["A", "B", "A"])
+    assert admit(obj)[1] == ["spec.models[2]: Duplicate value: 'A'"]
+    with pytest.raises(ValidationError) as raised:
+        PyTritonModel.model_validate(obj)
+    assert "spec.models: each name at most once: A repeated" in describe_validation_error(raised.value)
 
 
 def test_reserved_env_names_are_the_ones_the_operator_and_the_supervisor_set() -> None:
@@ -408,6 +525,30 @@ def test_readable_errors_name_the_yaml_field() -> None:
     lines = describe_validation_error(raised.value).splitlines()
     assert "spec.worker.image: Field required" in lines
     assert any(line.startswith("spec.autoscaling.maxReplicas: ") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("obj", "problem"),
+    [
+        (_with(spec__startup_seconds=30), "spec.startup_seconds: Extra inputs are not permitted"),
+        (_with(spec__replicas="2"), "spec.replicas: Input should be a valid integer"),
+        (_with(spec__replicas=True), "spec.replicas: Input should be a valid integer"),
+        (_with(spec__gpus={"count": "2"}), "spec.gpus.count: Input should be a valid integer"),
+    ],
+    ids=["a Python field name", "a number as a string", "a boolean for a number", "a GPU count as a string"],
+)
+def test_what_the_api_server_prunes_or_refuses_render_refuses(obj: dict[str, Any], problem: str) -> None:
+    stored, errors = admit(obj)
+    assert errors or stored["spec"] != obj["spec"], "the server refuses it, or prunes it"
+    with pytest.raises(ValidationError) as raised:
+        PyTritonModel.read(obj)
+    assert describe_validation_error(raised.value).startswith(problem)
+
+
+def test_an_explicit_null_is_a_field_left_out() -> None:
+    obj = _with(spec__autoscaling={"maxReplicas": 3, "targetCPUUtilization": None, "tolerance": None})
+    read = PyTritonModel.read(obj).spec.autoscaling
+    assert read is not None and read.target_cpu_utilization is None and read.tolerance is None
 
 
 def test_misspelt_fields_are_rejected_by_render_and_unknown_to_the_schema() -> None:

@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 from pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor
 
+from kubetriton import podenv
 from kubetriton.warmup import WarmupSample
 
-MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+MODEL_NAME_PATTERN = re.compile(podenv.MODEL_NAME_PATTERN)
 PROXY_MODEL_SOURCE = '''"""Triton's entry point for this model: the kubetriton proxy model.
 
 The stub's Python has numpy only (the stock Triton image's in a pod, the one `kubetriton install-triton`
@@ -54,7 +55,7 @@ _TRITON_DTYPES = {
 
 
 def check_model_name(name: str) -> None:
-    if not isinstance(name, str) or not MODEL_NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not MODEL_NAME_PATTERN.fullmatch(name):
         raise ValueError(
             f"Invalid model name {name!r}: use 1-128 letters, digits, '_', '.' or '-', "
             "starting with a letter or digit"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import inspect
 import json
 import logging
@@ -121,6 +122,18 @@ def busy_poll_us() -> int:
     return int(configured)
 
 
+SOCKET_STEM_LENGTH = 40
+"""The most of a model's name that its sockets' file names hold: a longer name is cut and a digest of the
+whole added, so that a socket's path fits MAX_SOCKET_PATH whatever the name (up to 128 characters)."""
+
+
+def _socket_stem(model: str) -> str:
+    if len(model) <= SOCKET_STEM_LENGTH:
+        return model
+    digest = hashlib.sha256(model.encode()).hexdigest()[:12]
+    return f"{model[: SOCKET_STEM_LENGTH - len(digest) - 1]}~{digest}"
+
+
 @dataclass(frozen=True)
 class TransportSettings:
     """Where the proxy instances of a model reach the worker, and how tensors travel."""
@@ -135,10 +148,10 @@ class TransportSettings:
     at once; the instances of several worker processes wait for a restarting one (`WORKER_RESTART_WAIT_S`)."""
 
     def address(self, model: str, instance: int | str) -> str:
-        return f"ipc://{self.sockets_dir}/{model}.{instance}"
+        return f"ipc://{self.sockets_dir}/{_socket_stem(model)}.{instance}"
 
     def hop_path(self, model: str, instance: int | str) -> str:
-        return f"{self.sockets_dir}/{model}.{instance}.hop"
+        return f"{self.sockets_dir}/{_socket_stem(model)}.{instance}.hop"
 
     def model_parameters(self, model: str, instances: int) -> dict[str, str]:
         """The config.pbtxt parameters a proxy instance reads to find its worker; ValueError when the

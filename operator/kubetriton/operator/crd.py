@@ -37,9 +37,11 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 
 def _int_or_string(branches: list[dict[str, Any]]) -> dict[str, Any]:
     """`int | str` (a Kubernetes quantity): the API server's int-or-string, whose only typed form is this
-    anyOf; the string branch's bounds move beside it, where they apply to strings alone."""
-    (text,) = (branch for branch in branches if branch["type"] == "string")
-    bounds = {key: value for key, value in text.items() if key not in ("type", "title")}
+    anyOf; each branch's bounds move beside it, where they apply to values of that branch's type alone
+    (a minimum to integers, a pattern to strings)."""
+    bounds = {
+        key: value for branch in branches for key, value in branch.items() if key not in ("type", "title")
+    }
     return {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}], **bounds}
 
 
@@ -52,7 +54,7 @@ def _structural(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, 
             {
                 key: value
                 for key, value in node.items()
-                if key in ("description", "default") and value is not None
+                if key in ("description", "default", "x-kubernetes-validations") and value is not None
             }
         )
         return merged

@@ -211,7 +211,7 @@ def model_document(
 
 def validated(document: dict[str, Any]) -> PyTritonModel:
     try:
-        return PyTritonModel.model_validate(document)
+        return PyTritonModel.read(document)
     except ValidationError as error:
         raise CommandError(f"invalid PyTritonModel:\n{describe_validation_error(error)}") from error
 
@@ -228,10 +228,18 @@ def _read_script(args: argparse.Namespace) -> tuple[script.Script, list[str], st
             f"warning: {args.script}/{folder} is not deployed: only a folder's top-level files are",
             file=sys.stderr,
         )
-    name = args.name or script.object_name(models[0], files.stem)
+    if args.name is not None:
+        return files, models, args.name
+    name = script.object_name(models[0], files.stem)
     if not name:
         raise CommandError(
             f"cannot make an object name from {models[0]!r} or {files.stem!r}: give one with --name"
+        )
+    if name.endswith(naming.RESERVED_SUFFIXES):
+        raise CommandError(
+            f"the object name made from {models[0]!r}, {name!r}, ends with"
+            f" {' or '.join(naming.RESERVED_SUFFIXES)}, which names the model's own children: give"
+            " another with --name"
         )
     return files, models, name
 
@@ -397,12 +405,13 @@ def _deploy(args: argparse.Namespace) -> int:
         print("\n".join(addresses(applied)))
         return 0
     print(f"waiting for {name} to be Ready (timeout {args.timeout:g}s)")
-    ready = rollout.follow(cluster, name, args.timeout, print)
+    done = rollout.follow(cluster, name, args.timeout, print)
     for older in _delete_older_scripts(cluster, name, script_map):
         print(f"configmap/{older} deleted (an older script)")
-    print(f"{name} is Ready: {rollout.condition(ready, status.READY).get('message', '')}")
+    outcome = "is Ready" if rollout.is_ready(done) else "is scaled to zero"
+    print(f"{name} {outcome}: {rollout.condition(done, status.READY).get('message', '')}")
     print()
-    print("\n".join(addresses(ready)))
+    print("\n".join(addresses(done)))
     return 0
 
 

@@ -506,7 +506,7 @@ class Reconciler:
         stamp = _stamp(metadata)
         if state.parsed is None or state.parsed[:2] != stamp:
             try:
-                parsed: PyTritonModel | str = PyTritonModel.model_validate(
+                parsed: PyTritonModel | str = PyTritonModel.read(
                     {
                         "metadata": {"name": metadata["name"], "namespace": metadata["namespace"]},
                         "spec": owner["spec"],

@@ -36,7 +36,7 @@ def load_model(text: str, namespace: str | None = None) -> PyTritonModel:
     if not isinstance(document, dict):
         raise ValueError("the manifest is not a YAML mapping")
     try:
-        model = PyTritonModel.model_validate(document)
+        model = PyTritonModel.read(document)
     except ValidationError as error:
         raise ValueError(describe_validation_error(error)) from error
     model.metadata.namespace = namespace or model.metadata.namespace or "default"

@@ -45,6 +45,16 @@ def is_ready(model: Mapping[str, Any]) -> bool:
     return observed(model) and condition(model, status.READY).get("status") == "True"
 
 
+def scaled_to_zero(model: Mapping[str, Any]) -> bool:
+    """The model asks for no pods and has none left running: a deploy of zero replicas is done then
+    (Ready stays False: nothing serves)."""
+    return (
+        observed(model)
+        and condition(model, status.READY).get("reason") == status.SCALED_TO_ZERO
+        and condition(model, status.PROGRESSING).get("status") == "False"
+    )
+
+
 def router_serving(model: Mapping[str, Any]) -> bool:
     """True unless the model has a router that serves no request yet (RouterReady false): a router is
     ready a few seconds after the model's first pod, once it has found the pod."""
@@ -55,7 +65,7 @@ def router_serving(model: Mapping[str, Any]) -> bool:
 def wanted_replicas(model: Mapping[str, Any]) -> int:
     """The pods a deploy waits for: the fixed count, or an autoscaled model's minimum."""
     try:
-        return PyTritonModel.model_validate(model).spec.min_replicas
+        return PyTritonModel.read(model).spec.min_replicas
     except ValidationError:
         return 1
 
@@ -189,8 +199,8 @@ def follow(
     show: Callable[[str], None],
     poll_seconds: float = POLL_SECONDS,
 ) -> dict[str, Any]:
-    """Wait until the model is Ready, and its router serves where it has one, and return it, showing each
-    step as it changes.
+    """Wait until the model is Ready, and its router serves where it has one, or is scaled to zero, and
+    return it, showing each step as it changes.
 
     Raises CommandError once the model cannot get Ready without a change from the user (`stalled`), on
     timeout, or when the model goes."""
@@ -205,7 +215,7 @@ def follow(
             if shown.get(step) != line:
                 show(line)
                 shown[step] = line
-        if is_ready(model) and router_serving(model):
+        if (is_ready(model) and router_serving(model)) or scaled_to_zero(model):
             return model
         cause = stalled(model, pods)
         if cause is not None:

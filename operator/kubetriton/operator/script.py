@@ -103,10 +103,15 @@ def _literal(node: ast.expr) -> str | None:
 
 
 def _is_bind(call: ast.Call) -> bool:
+    """Whether the call can be Triton's bind(model_name, infer_func, inputs, outputs, ...): a call named
+    bind with a model and its callable, by keyword, by position, or through `**`. A socket's bind (one
+    address) is not."""
     function = call.func
-    return (isinstance(function, ast.Attribute) and function.attr == "bind") or (
+    named_bind = (isinstance(function, ast.Attribute) and function.attr == "bind") or (
         isinstance(function, ast.Name) and function.id == "bind"
     )
+    keywords = {keyword.arg for keyword in call.keywords}
+    return named_bind and (len(call.args) >= 2 or bool(keywords & {"model_name", "infer_func", None}))
 
 
 def _bound_name(call: ast.Call) -> ast.expr | None:

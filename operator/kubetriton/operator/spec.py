@@ -9,7 +9,7 @@ pydantic validators so that `render` rejects the same specs that the cluster rej
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 from kubetriton import podenv
@@ -38,11 +38,21 @@ SHORT_NAME = "ptm"
 GPU_RESOURCE_PREFIX = "nvidia.com/"
 GPU_RESOURCE = f"{GPU_RESOURCE_PREFIX}gpu"
 GPU_RESOURCE_PATTERN = r"^nvidia[.]com/(gpu|mig-[1-7]g[.][0-9]+gb)$"
-MODEL_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?$"
-MODEL_NAME_MAX_LENGTH = 63
+MODEL_NAME_MAX_LENGTH = 128
 OBJECT_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 OBJECT_NAME_MAX_LENGTH = 63
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+RESOURCE_QUANTITY_PATTERN = r"^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$"
+"""A resource amount as Kubernetes writes one, not negative: 2, "0.5", "500m", "8Gi", "1e3"."""
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""The names Kubernetes gives most objects (a ServiceAccount, a ConfigMap, a PriorityClass...), and the
+stricter one of volumes."""
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+IMAGE_PATTERN = r"^[^\s]+$"
+"""An image reference: the API server refuses one with spaces around it, and the kubelet any space."""
+ENV_NAME_PATTERN = r"^[ -<>-~]+$"
+"""Printable ASCII other than '=': what Kubernetes 1.34 and later allow an environment variable's name."""
 MAX_REPLICAS = 1000
 """The most pods one model may ask for, fixed or autoscaled: beyond it a typo rather than a plan."""
 # Bounds on what the CEL rules walk: the API server refuses a rule whose worst-case cost it cannot bound.
@@ -154,9 +164,10 @@ GPU_RESOURCE_NAME = _cel(
     f"self.matches('{GPU_RESOURCE_PATTERN}')",
     "must be nvidia.com/gpu or a MIG resource such as nvidia.com/mig-1g.10gb",
 )
-DNS_SAFE_MODEL_NAMES = _cel(
-    f"self.all(m, m.matches('{MODEL_NAME_PATTERN}'))",
-    "each model name must be 1-63 letters, digits or '-', starting and ending with a letter or digit",
+MODEL_NAMES = _cel(
+    f"self.all(m, m.matches('{podenv.MODEL_NAME_PATTERN}'))",
+    "each model name must be 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit,"
+    " as bind() requires",
 )
 
 RESERVED_ENV_NAME = _cel(
@@ -217,6 +228,26 @@ RESERVED_LABELS = _cel(
     reason="FieldValueInvalid",
 )
 
+VALUE_OR_VALUE_FROM = _cel(
+    "!(has(self.value) && has(self.valueFrom))",
+    "give a variable either value or valueFrom, not both",
+    field_path=".valueFrom",
+    reason="FieldValueForbidden",
+)
+PORTS_DIFFER = _cel(
+    "self.http != self.grpc && self.http != self.metrics && self.http != self.worker"
+    " && self.grpc != self.metrics && self.grpc != self.worker && self.metrics != self.worker",
+    "service.ports http, grpc, metrics and worker must be four different ports",
+    reason="FieldValueInvalid",
+)
+NO_GPU_RESOURCES = _cel(
+    "(!has(self.limits) || self.limits.all(r, !r.startsWith('nvidia.com/')))"
+    " && (!has(self.requests) || self.requests.all(r, !r.startsWith('nvidia.com/')))",
+    "only the worker runs on GPUs: ask for them with spec.gpus, not in this container's resources,"
+    " where they would be held unused",
+    reason="FieldValueForbidden",
+)
+
 GPU_LIMITS_AGREE = _gpus_agree("limits")
 GPU_REQUESTS_AGREE = _gpus_agree("requests")
 
@@ -249,8 +280,18 @@ class _Model(BaseModel):
 PassThrough = dict[str, Any]
 """A Kubernetes structure (affinity, a toleration, a metric) kept as is and validated by the API server."""
 
-Quantity = int | Annotated[str, Field(max_length=QUANTITY_MAX_LENGTH)]
+Quantity = (
+    Annotated[int, Field(ge=0)]
+    | Annotated[str, Field(max_length=QUANTITY_MAX_LENGTH, pattern=RESOURCE_QUANTITY_PATTERN)]
+)
 """An amount of a resource, as Kubernetes writes it: 2, "500m", "8Gi"."""
+
+
+def _once(values: list[str], what: str = "name") -> None:
+    """Refuse a list whose items a key tells apart (as a list-map's or a set's) when a key repeats."""
+    repeated = sorted({value for value in values if values.count(value) > 1})
+    if repeated:
+        raise ValueError(f"each {what} at most once: {', '.join(repeated)} repeated")
 
 
 def _refused(value: str, allowed: bool, rule: dict[str, str]) -> str:
@@ -259,11 +300,19 @@ def _refused(value: str, allowed: bool, rule: dict[str, str]) -> str:
     return value
 
 
-def _guarded(max_length: int, rule: dict[str, str], allowed: Callable[[str], bool]) -> Any:
-    """A string field that the API server checks with `rule` and pydantic with `allowed`."""
+def _guarded(
+    max_length: int, rule: dict[str, str], allowed: Callable[[str], bool], pattern: str | None = None
+) -> Any:
+    """A string field that the API server checks with `rule` and pydantic with `allowed` (and both with
+    `pattern`, where given)."""
     return Annotated[
         str,
-        Field(min_length=1, max_length=max_length, json_schema_extra={"x-kubernetes-validations": [rule]}),
+        Field(
+            min_length=1,
+            max_length=max_length,
+            pattern=pattern,
+            json_schema_extra={"x-kubernetes-validations": [rule]},
+        ),
         AfterValidator(lambda value: _refused(value, allowed(value), rule)),
     ]
 
@@ -272,13 +321,21 @@ def _outside_reserved_paths(path: str) -> bool:
     return not any(path == reserved or path.startswith(f"{reserved}/") for reserved in RESERVED_MOUNT_PATHS)
 
 
-@with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))
+@with_config(
+    ConfigDict(
+        extra="forbid",
+        use_attribute_docstrings=True,
+        json_schema_extra={"x-kubernetes-validations": [VALUE_OR_VALUE_FROM]},
+    )
+)
 class EnvVar(TypedDict):
     """An environment variable of the worker container (core/v1 EnvVar)."""
 
-    name: _guarded(ENV_NAME_MAX_LENGTH, RESERVED_ENV_NAME, lambda name: name not in RESERVED_WORKER_ENV)
-    """The variable's name; the ones the operator sets (KUBETRITON_MODE and the rest of the pod contract)
-    are refused."""
+    name: _guarded(
+        ENV_NAME_MAX_LENGTH, RESERVED_ENV_NAME, lambda name: name not in RESERVED_WORKER_ENV, ENV_NAME_PATTERN
+    )
+    """The variable's name: printable ASCII other than '='; the ones the operator sets (KUBETRITON_MODE and
+    the rest of the pod contract) are refused."""
     value: NotRequired[str]
     """Its value, with $(NAME) references to variables defined before it expanded."""
     valueFrom: NotRequired[PassThrough]
@@ -302,7 +359,7 @@ class ResourceRequirements(TypedDict, total=False):
 class VolumeMount(TypedDict):
     """Where a volume of the pod appears in the worker container (core/v1 VolumeMount)."""
 
-    name: Annotated[str, Field(min_length=1, max_length=OBJECT_NAME_MAX_LENGTH)]
+    name: Annotated[str, Field(min_length=1, max_length=OBJECT_NAME_MAX_LENGTH, pattern=DNS_LABEL_PATTERN)]
     """The name of one of spec.volumes."""
     mountPath: _guarded(NAME_MAX_LENGTH, RESERVED_MOUNT_PATH, _outside_reserved_paths)
     """The path in the container; not the operator's own mounts (/workspace, /dev/shm) or below them."""
@@ -324,22 +381,28 @@ class Volume(BaseModel):
 
     model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
-    name: _guarded(OBJECT_NAME_MAX_LENGTH, RESERVED_VOLUME_NAME, lambda name: name not in RESERVED_VOLUMES)
-    """The volume's name in the pod; not the operator's own (workspace, dshm)."""
+    name: _guarded(
+        OBJECT_NAME_MAX_LENGTH,
+        RESERVED_VOLUME_NAME,
+        lambda name: name not in RESERVED_VOLUMES,
+        DNS_LABEL_PATTERN,
+    )
+    """The volume's name in the pod, a DNS label (lowercase letters, digits and '-'); not the operator's
+    own (workspace, dshm)."""
 
 
 @with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))
 class LocalObjectReference(TypedDict):
     """The name of an object in the model's namespace."""
 
-    name: Annotated[str, Field(min_length=1, max_length=NAME_MAX_LENGTH)]
+    name: Annotated[str, Field(min_length=1, max_length=NAME_MAX_LENGTH, pattern=DNS_SUBDOMAIN_PATTERN)]
     """Its name."""
 
 
 class ScriptSpec(_Model):
     """The user's script, from a ConfigMap: one file, or a small folder's files, one key each."""
 
-    config_map: Annotated[str, Field(min_length=1, max_length=NAME_MAX_LENGTH)]
+    config_map: Annotated[str, Field(min_length=1, max_length=NAME_MAX_LENGTH, pattern=DNS_SUBDOMAIN_PATTERN)]
     """The ConfigMap in the model's namespace. Its keys appear as files in /kubetriton/script. Pods read
     it when they start: give a changed script a new ConfigMap name (as `kubetriton deploy` does) to roll
     them."""
@@ -354,7 +417,7 @@ class WorkerSpec(_Model):
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [PROCESSES_NEED_A_COMMAND]})
 
-    image: Annotated[str, Field(min_length=1)]
+    image: Annotated[str, Field(min_length=1, pattern=IMAGE_PATTERN)]
     """Worker image: any glibc-based image with CPython 3.10 to 3.13 and NumPy (the pod's init step
     provides kubetriton when the image has none), or one built from the kubetriton worker image."""
     script: ScriptSpec | None = None
@@ -384,8 +447,14 @@ class WorkerSpec(_Model):
     default when unset."""
     env_from: Annotated[list[PassThrough], Field(max_length=MAX_VOLUMES)] = []
     """core/v1 EnvFromSource entries: every key of a ConfigMap or Secret as a variable (a hub token, say)."""
-    volume_mounts: Annotated[list[VolumeMount], Field(max_length=MAX_VOLUMES)] = []
-    """Where spec.volumes appear in the worker container, at most 64."""
+    volume_mounts: Annotated[
+        list[VolumeMount],
+        Field(
+            max_length=MAX_VOLUMES,
+            json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["mountPath"]},
+        ),
+    ] = []
+    """Where spec.volumes appear in the worker container, at most 64, each path once."""
     processes: Annotated[int, Field(ge=1, le=MAX_WORKER_PROCESSES)] = 1
     """Worker processes that run the script, 1 to 64, each with its own copy of the model and its own
     instances of every model: more than one lets callables that hold Python's GIL run at once. Each reads
@@ -401,32 +470,59 @@ class WorkerSpec(_Model):
     @field_validator("env")
     @classmethod
     def _names_once(cls, env: list[EnvVar]) -> list[EnvVar]:
-        names = [variable["name"] for variable in env]
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
-            raise ValueError(f"each name at most once: {', '.join(repeated)} repeated")
+        _once([variable["name"] for variable in env])
+        for variable in env:
+            if "value" in variable and "valueFrom" in variable:
+                raise ValueError(f"{variable['name']}: {VALUE_OR_VALUE_FROM['message']}")
         return env
+
+    @field_validator("volume_mounts")
+    @classmethod
+    def _paths_once(cls, mounts: list[VolumeMount]) -> list[VolumeMount]:
+        _once([mount["mountPath"] for mount in mounts], "mountPath")
+        return mounts
+
+
+WITHOUT_GPUS = {"x-kubernetes-validations": [NO_GPU_RESOURCES]}
+
+
+def _without_gpus(resources: ResourceRequirements) -> ResourceRequirements:
+    amounts = [*resources.get("limits", {}), *resources.get("requests", {})]
+    if any(name.startswith(GPU_RESOURCE_PREFIX) for name in amounts):
+        raise ValueError(NO_GPU_RESOURCES["message"])
+    return resources
 
 
 class TritonSpec(_Model):
     """The stock Triton sidecar."""
 
-    image: str = podenv.TRITON_IMAGE
+    image: Annotated[str, Field(min_length=1, pattern=IMAGE_PATTERN)] = podenv.TRITON_IMAGE
     """Stock Triton image; the default matches the Triton version used in local mode."""
     args: list[str] = []
     """Extra tritonserver arguments, appended after the ones kubetriton sets."""
-    resources: ResourceRequirements = {}
-    """Requests and limits of the Triton container; it needs no GPU."""
+    resources: Annotated[ResourceRequirements, Field(json_schema_extra=WITHOUT_GPUS)] = {}
+    """Requests and limits of the Triton container; it needs no GPU, and may not ask for one."""
+
+    @field_validator("resources")
+    @classmethod
+    def _no_gpus(cls, resources: ResourceRequirements) -> ResourceRequirements:
+        return _without_gpus(resources)
 
 
 class BootstrapSpec(_Model):
     """The init step that prepares the workspace for the Triton sidecar and the worker."""
 
-    image: Annotated[str | None, Field(min_length=1)] = None
+    image: Annotated[str | None, Field(min_length=1, pattern=IMAGE_PATTERN)] = None
     """The kubetriton worker image that runs it; the operator's (the chart's workerImage) when unset, or
     the worker's own image when the operator has none."""
-    resources: ResourceRequirements = {}
-    """Requests and limits of the bootstrap container (namespaces with a LimitRange or quota need them)."""
+    resources: Annotated[ResourceRequirements, Field(json_schema_extra=WITHOUT_GPUS)] = {}
+    """Requests and limits of the bootstrap container (namespaces with a LimitRange or quota need them);
+    no GPU."""
+
+    @field_validator("resources")
+    @classmethod
+    def _no_gpus(cls, resources: ResourceRequirements) -> ResourceRequirements:
+        return _without_gpus(resources)
 
 
 class GpuSpec(_Model):
@@ -567,7 +663,9 @@ class AutoscalingSpec(_Model):
 class SchedulingSpec(_Model):
     """Where the pods may run, passed to the pod spec as is."""
 
-    node_selector: dict[str, str] = {}
+    node_selector: dict[
+        str, Annotated[str, Field(max_length=OBJECT_NAME_MAX_LENGTH, pattern=LABEL_VALUE_PATTERN)]
+    ] = {}
     """Labels a node must have to run the pods."""
     tolerations: list[PassThrough] = []
     """core/v1 Toleration entries: the node taints the pods tolerate."""
@@ -575,13 +673,17 @@ class SchedulingSpec(_Model):
     """core/v1 Affinity: node affinity and pod (anti-)affinity of the pods."""
     topology_spread_constraints: list[PassThrough] = []
     """core/v1 TopologySpreadConstraint entries: how the pods spread across zones or nodes."""
-    priority_class_name: str | None = None
+    priority_class_name: Annotated[
+        str | None, Field(max_length=NAME_MAX_LENGTH, pattern=DNS_SUBDOMAIN_PATTERN)
+    ] = None
     """PriorityClass of the pods."""
 
 
 class ServicePorts(_Model):
     """Ports that the Service exposes; they route to fixed ports in the pod: Triton's HTTP, gRPC and
     metrics, and the worker's health endpoint, whose /metrics has the worker's own counters."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [PORTS_DIFFER]})
 
     http: Annotated[int, Field(ge=1, le=65535)] = podenv.HTTP_PORT
     """Service port for Triton's HTTP/REST (KServe v2) endpoint."""
@@ -592,6 +694,12 @@ class ServicePorts(_Model):
     worker: Annotated[int, Field(ge=1, le=65535)] = podenv.HEALTH_PORT
     """Service port for the worker's health endpoint and its Prometheus metrics."""
 
+    @model_validator(mode="after")
+    def _ports_differ(self) -> ServicePorts:
+        if len({self.http, self.grpc, self.metrics, self.worker}) < 4:
+            raise ValueError(PORTS_DIFFER["message"])
+        return self
+
 
 class ServiceSpec(_Model):
     """The Service in front of the model's pods."""
@@ -599,12 +707,18 @@ class ServiceSpec(_Model):
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     """How the Service is exposed: inside the cluster only (ClusterIP), or also on every node's port
     or through a cloud load balancer."""
-    ports: Annotated[ServicePorts, Field(default_factory=ServicePorts, json_schema_extra={"default": {}})]
+    ports: Annotated[
+        ServicePorts,
+        Field(
+            default_factory=ServicePorts,
+            json_schema_extra={"default": ServicePorts().model_dump(by_alias=True)},
+        ),
+    ]
 
 
 def _model_name(value: str) -> str:
-    if not re.match(MODEL_NAME_PATTERN, value):
-        raise ValueError(f"{value!r}: {DNS_SAFE_MODEL_NAMES['message']}")
+    if not re.fullmatch(podenv.MODEL_NAME_PATTERN, value):
+        raise ValueError(f"{value!r}: {MODEL_NAMES['message']}")
     return value
 
 
@@ -629,10 +743,11 @@ class PyTritonModelSpec(_Model):
         Field(
             min_length=1,
             max_length=64,
-            json_schema_extra={"x-kubernetes-validations": [DNS_SAFE_MODEL_NAMES]},
+            json_schema_extra={"x-kubernetes-list-type": "set", "x-kubernetes-validations": [MODEL_NAMES]},
         ),
     ]
-    """Names of the models the worker binds; a pod is ready once every one is loaded and attached."""
+    """Names of the models the worker binds, each once; a pod is ready once every one is loaded and
+    attached."""
     replicas: Annotated[int | None, Field(ge=0, le=MAX_REPLICAS)] = None
     """Fixed number of pods, 0 to 1000 (1 when neither this nor autoscaling is set)."""
     autoscaling: AutoscalingSpec | None = None
@@ -650,7 +765,9 @@ class PyTritonModelSpec(_Model):
     HTTP and gRPC ports), which sends each request to the pod with the fewest in flight: for clients
     other than ModelClient, which keep one connection and so one pod. Unset: the operator's default
     (the chart's router.enabledByDefault)."""
-    service_account_name: str | None = None
+    service_account_name: Annotated[
+        str | None, Field(max_length=NAME_MAX_LENGTH, pattern=DNS_SUBDOMAIN_PATTERN)
+    ] = None
     """ServiceAccount the pods run as; the namespace's default when unset."""
     drain_seconds: Annotated[int, Field(ge=1, le=3600)] = podenv.DEFAULT_DRAIN_SECONDS
     """How long a stopping pod keeps serving its clients' connections, waiting for them to move to other
@@ -671,13 +788,15 @@ class PyTritonModelSpec(_Model):
     image_pull_secrets: Annotated[list[LocalObjectReference], Field(max_length=MAX_PULL_SECRETS)] = []
     """Secrets with registry credentials, used for every image of the pod (worker, bootstrap, Triton)."""
     pod_labels: Annotated[
-        dict[str, Annotated[str, Field(max_length=OBJECT_NAME_MAX_LENGTH)]],
+        dict[str, Annotated[str, Field(max_length=OBJECT_NAME_MAX_LENGTH, pattern=LABEL_VALUE_PATTERN)]],
         Field(max_length=MAX_POD_METADATA, json_schema_extra={"x-kubernetes-validations": [RESERVED_LABELS]}),
     ] = {}
     """Extra labels of the pods (a service mesh's, a team's); not the ones the operator sets."""
     pod_annotations: Annotated[dict[str, str], Field(max_length=MAX_POD_METADATA)] = {}
     """Extra annotations of the pods (scraping, a mesh's sidecar settings)."""
-    runtime_class_name: Annotated[str | None, Field(max_length=NAME_MAX_LENGTH)] = None
+    runtime_class_name: Annotated[
+        str | None, Field(max_length=NAME_MAX_LENGTH, pattern=DNS_SUBDOMAIN_PATTERN)
+    ] = None
     """RuntimeClass of the pods (e.g. the NVIDIA container runtime's)."""
     bootstrap: Annotated[
         BootstrapSpec, Field(default_factory=BootstrapSpec, json_schema_extra={"default": {}})
@@ -685,7 +804,8 @@ class PyTritonModelSpec(_Model):
 
     @field_validator("models")
     @classmethod
-    def _dns_safe_models(cls, names: list[str]) -> list[str]:
+    def _bindable_models_once(cls, names: list[str]) -> list[str]:
+        _once(names)
         return [_model_name(name) for name in names]
 
     @model_validator(mode="after")
@@ -705,10 +825,10 @@ class PyTritonModelSpec(_Model):
         names = {volume.name for volume in self.volumes}
         for mount in self.worker.volume_mounts:
             _refused(mount["name"], mount["name"] in names, MOUNTS_NAME_VOLUMES)
-        volume_names = [volume.name for volume in self.volumes]
-        repeated = sorted({name for name in volume_names if volume_names.count(name) > 1})
-        if repeated:
-            raise ValueError(f"volumes: each name at most once: {', '.join(repeated)} repeated")
+        try:
+            _once([volume.name for volume in self.volumes])
+        except ValueError as error:
+            raise ValueError(f"volumes: {error}") from None
         return self
 
     @model_validator(mode="after")
@@ -860,6 +980,14 @@ class ObjectMeta(BaseModel):
         return value
 
 
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
+
+
 class PyTritonModel(BaseModel):
     """A whole PyTritonModel document, as in a model.yaml."""
 
@@ -869,6 +997,13 @@ class PyTritonModel(BaseModel):
     kind: Literal["PyTritonModel"] = KIND
     metadata: ObjectMeta
     spec: PyTritonModelSpec
+
+    @classmethod
+    def read(cls, document: Mapping[str, Any]) -> PyTritonModel:
+        """A document as the API server reads it: each field by its YAML name only (never by the Python
+        name, which the server would prune), each value of the type the schema declares (no "2" for 2),
+        and an explicit null as a field left out (the server drops it)."""
+        return cls.model_validate(_without_nulls(document), strict=True, by_name=False)
 
 
 def describe_validation_error(error: ValidationError) -> str:

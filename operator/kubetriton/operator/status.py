@@ -59,6 +59,7 @@ INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
 APPLY_RETRYING = "ApplyRetrying"
 LOADING = "Loading"
+SCALED_TO_ZERO = "ScaledToZero"
 IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName")
 CRASH_LOOP_STALLED_RESTARTS = 2
 """A container in CrashLoopBackOff restarted this often (three exits) is taken to fail for good."""
@@ -431,7 +432,7 @@ def _conditions(
     if least_ready is not None:
         counts += f" (at least {least_ready} needed)"
     if wanted == 0:
-        ready_condition = _condition(READY, False, "ScaledToZero", "the model has no replicas")
+        ready_condition = _condition(READY, False, SCALED_TO_ZERO, "the model has no replicas")
     elif rolled_out and ready >= wanted and ready >= needed:
         ready_condition = _condition(READY, True, "AllReplicasReady", counts)
     elif rolled_out and ready >= needed:
