@@ -28,7 +28,12 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from pytriton.client.auth import create_auth_headers
 from pytriton.decorators import batch, triton_context
-from pytriton.exceptions import PyTritonBadParameterError, PyTritonModelConfigError, PyTritonRuntimeError
+from pytriton.exceptions import (
+    PyTritonBadParameterError,
+    PyTritonInvalidOperationError,
+    PyTritonModelConfigError,
+    PyTritonRuntimeError,
+)
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from tritonclient.utils import InferenceServerException
@@ -653,22 +658,24 @@ def test_unrecoverable_error_stops_serving_and_exits_non_zero(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
+    client = httpclient.InferenceServerClient(f"localhost:{ports[0]}")  # stays connected, as a client does
     try:
         assert process.stdout.readline().strip() == "serving"
         tritonserver = _children(process.pid)
         assert tritonserver, "no tritonserver child process"
         with pytest.raises(InferenceServerException, match="PyTritonUnrecoverableError: the device is gone"):
-            infer({"http": f"localhost:{ports[0]}"}, "http", "broken", {"x": np.ones((1, 1), np.float32)})
+            client.infer("broken", _inputs(httpclient, {"x": np.ones((1, 1), np.float32)}))
         started = time.monotonic()
-        returncode = process.wait(timeout=30)
+        returncode = process.wait(timeout=60)
         stopped_after = time.monotonic() - started
         stderr = process.stderr.read()
     finally:
+        client.close()
         if process.poll() is None:
             process.kill()
             process.wait()
     assert returncode != 0
-    assert stopped_after < 15
+    assert stopped_after < 15, "a broken model is not drained (Triton's exit timeout is 30 s)"
     assert "unrecoverable error: the device is gone" in stderr
     assert not [pid for pid in tritonserver if Path(f"/proc/{pid}").exists()], "tritonserver left running"
     assert not [name for name in shm_entries() if name.startswith(f"kubetriton-{server_id}")]
@@ -695,3 +702,18 @@ def test_bind_after_tritonserver_died_says_so_and_stops_cleanly():
     finally:
         triton.stop()
     assert not [name for name in shm_entries() if name.startswith(f"kubetriton-{server_id}")]
+
+
+def test_a_stopped_triton_does_not_start_or_bind_again():
+    http, grpc, metrics = free_ports(3)
+    triton = Triton(config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics))
+    tensor = [Tensor(name="x", shape=(1,), dtype=np.float32)]
+    with triton:
+        triton.bind("served", lambda requests: requests, tensor, tensor)
+    assert not triton.is_alive()
+    for again in (triton.run, triton.connect, triton.__enter__):
+        with pytest.raises(PyTritonInvalidOperationError, match="was stopped; create a new one"):
+            again()
+    with pytest.raises(PyTritonInvalidOperationError, match="was stopped; create a new one"):
+        triton.bind("late", lambda requests: requests, tensor, tensor)
+    assert not triton.is_connected()

@@ -241,6 +241,23 @@ def test_sample_and_batch(triton: Triton, url: str) -> None:
         assert [spec.name for spec in client.model_config.inputs] == ["x"]
 
 
+@pytest.mark.parametrize("url", [HTTP_URL, GRPC_URL], ids=["http", "grpc"])
+def test_a_model_version_given_as_a_number_is_sent_as_text(triton: Triton, url: str) -> None:
+    with ModelClient(url, "double", model_version=1, init_timeout_s=30) as client:
+        assert client.model_version == "1"
+        np.testing.assert_array_equal(client.infer_sample(np.array([2.0], np.float32))["y"], [4.0])
+    for client_type in (
+        ModelClient,
+        DecoupledModelClient,
+        FuturesModelClient,
+        AsyncioModelClient,
+        AsyncioDecoupledModelClient,
+    ):
+        assert client_type(GRPC_URL, "double", model_version=2).model_version == "2"
+        with pytest.raises(PyTritonClientValueError, match="model_version must be a string such as '1'"):
+            client_type(GRPC_URL, "double", model_version=1.5)
+
+
 def _requests_through_a_service(monkeypatch: pytest.MonkeyPatch, send: Callable[[str, int], None]) -> int:
     """Send requests for a while through a stand-in for a Service, HTTP connections aging fast; how many
     connections the client opened."""

@@ -24,7 +24,7 @@ from pytriton.decorators import (
     triton_context,
     use_triton_context,
 )
-from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
+from pytriton.exceptions import PyTritonBadParameterError, PyTritonRuntimeError, PyTritonValidationError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.proxy.types import Request
 
@@ -706,13 +706,13 @@ def test_first_value_under_batch_on_a_method() -> None:
 
 def test_first_value_rejects_unequal_values_and_bad_keys() -> None:
     infer = first_value("t")(lambda **inputs: inputs)
-    with pytest.raises(PyTritonValidationError, match="input 't' has different values"):
+    with pytest.raises(PyTritonRuntimeError, match="input 't' has different values"):  # as PyTriton's
         infer(x=frozen([1, 2]), t=frozen([[0.1], [0.2]]))
     with pytest.raises(PyTritonValidationError, match="Input 't' must be a numpy array with a batch axis"):
         infer(x=frozen([1]), t=5)
     with (
         use_triton_context(context(batching=False)),
-        pytest.raises(PyTritonValidationError, match="batching"),
+        pytest.raises(PyTritonRuntimeError, match="batching"),
     ):
         infer(x=frozen([1]), t=frozen([1]))
     for keys in [(), ("triton_context",)]:

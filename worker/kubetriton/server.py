@@ -294,13 +294,14 @@ class LocalTritonServer:
             [*(["Its last errors:", *errors, "Its last lines:"] if errors else []), *log[-lines:]]
         )
 
-    def stop(self) -> None:
-        """SIGTERM, wait for Triton to drain within its exit timeout, then make sure it is gone."""
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM, wait for Triton to drain within its exit timeout (or within `grace_s`, where nothing is
+        worth draining), then make sure it is gone."""
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             process.terminate()
             try:
-                process.wait(self._exit_timeout_s + 5)
+                process.wait(self._exit_timeout_s + 5 if grace_s is None else grace_s)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()

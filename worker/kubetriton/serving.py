@@ -140,9 +140,10 @@ class Serving:
             warmups=warmup_samples(model_name, inputs, config.model_warmup or (), batching=config.batching),
         )
         with self._lock:
+            self._refuse_when_stopped()
             known = {pending.name for pending, _ in self._pending} | set(self._workers)
             if model_name in known:
-                raise PyTritonValidationError(f"A model named '{model_name}' is already bound")
+                raise PyTritonInvalidOperationError(f"A model named '{model_name}' is already bound")
             if trace_settings:
                 self._trace_settings[model_name] = trace_settings
             if not self._connected:
@@ -254,10 +255,9 @@ class Serving:
 
     def _start(self) -> None:
         with self._lock:
+            self._refuse_when_stopped()
             if self._started:
                 return
-            if self._stopped:
-                raise PyTritonInvalidOperationError("This Triton object was stopped; create a new one")
             self._started = True
             try:
                 self._start_triton()
@@ -265,6 +265,10 @@ class Serving:
                 self.stop()  # leaves whatever started; this object does not start again
                 raise
         self._warn_if_verbose()
+
+    def _refuse_when_stopped(self) -> None:
+        if self._stopped:
+            raise PyTritonInvalidOperationError("This Triton object was stopped; create a new one")
 
     def _start_triton(self) -> None:
         raise NotImplementedError

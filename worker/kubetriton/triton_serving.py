@@ -60,6 +60,9 @@ SUPERVISOR_WAIT_S = 300.0
 SAGEMAKER_PORT = 8080
 VERTEX_AI_PORT = 8080
 """Triton's default ports for the SageMaker and Vertex AI endpoints."""
+UNRECOVERABLE_STOP_S = 2.0
+"""How long a local tritonserver may take to stop after an unrecoverable error before it is killed: its
+model cannot answer any more, so no client connection is worth Triton's exit timeout."""
 SIDECAR_UNLOAD_S = 10.0
 """Attach mode: how long beyond Triton's exit timeout a stopping worker waits for its models to unload."""
 DEFAULT_CACHE_CONFIG = [podenv.DEFAULT_CACHE_CONFIG]
@@ -219,7 +222,9 @@ class TritonServing(Serving):
             os.close(lock)
             self._publication = None
         if self._server is not None:
-            self._server.stop()
+            # After an unrecoverable error the model cannot answer: Triton need not keep its clients'
+            # connections open for its exit timeout.
+            self._server.stop(None if self._fatal is None else UNRECOVERABLE_STOP_S)
         elif self._pod is not None:
             self._drain()
         else:  # hosted: the supervisor stops Triton, which finishes what it passed on to this process

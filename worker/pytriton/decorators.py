@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from kubetriton.transport import RequestBatch, SplitOutputs, join_adjacent, split_rows
 
-from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
+from pytriton.exceptions import PyTritonBadParameterError, PyTritonRuntimeError, PyTritonValidationError
 from pytriton.model_config import Tensor
 from pytriton.model_config.tensor import shape_fits
 from pytriton.proxy.context import ACTIVE_CONTEXT, TritonContext, active_context, use_triton_context
@@ -705,7 +705,7 @@ def first_value(
     def first(name: str, value: Any) -> Any:
         values = _batch_axis(value, name)
         if strict and len(values) > 1 and not np.all(values == values[:1]):
-            raise PyTritonValidationError(
+            raise PyTritonRuntimeError(
                 f"@first_value input '{name}' has different values across the batch: {values!r}; "
                 "send equal values, group the batch with @group_by_values, "
                 "or use first_value(..., strict=False)"
@@ -723,7 +723,7 @@ def first_value(
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             context = active_context()
             if context.model_config is not None and not context.model_config.batching:
-                raise PyTritonValidationError(
+                raise PyTritonRuntimeError(
                     "@first_value needs a model with batching; its inputs have no batch axis"
                 )
             _check_declared(keys, context, "first_value")

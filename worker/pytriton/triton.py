@@ -27,7 +27,7 @@ from kubetriton.serving import Serving
 from kubetriton.triton_serving import TritonServing
 
 from pytriton.client._url import parse_url
-from pytriton.exceptions import PyTritonModelConfigError, PyTritonValidationError
+from pytriton.exceptions import PyTritonBadParameterError, PyTritonModelConfigError, PyTritonValidationError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.settings import (
     DEFAULT_PROTECTED_ENDPOINTS,
@@ -116,7 +116,7 @@ class _TritonBase:
                 "bind it with ModelConfig(decoupled=True) to stream"
             )
         if config.batching and config.max_batch_size < 1:
-            raise PyTritonModelConfigError(
+            raise PyTritonBadParameterError(
                 f"Model '{model_name}': max_batch_size must be at least 1 when batching is on "
                 "(use batching=False)"
             )

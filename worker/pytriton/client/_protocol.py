@@ -95,6 +95,17 @@ class BaseModelClient(ModelAddress):
         )
 
 
+def version_text(model_version: str | int | None) -> str | None:
+    """The model version as Triton's API takes it, a string: an int (as `bind(model_version=...)` takes
+    one) is written out. tritonclient refuses anything else, and the readiness wait would retry that
+    refusal until its timeout."""
+    if model_version is None or isinstance(model_version, str):
+        return model_version
+    if isinstance(model_version, int) and not isinstance(model_version, bool):
+        return str(model_version)
+    raise PyTritonClientValueError(f"model_version must be a string such as '1', not {model_version!r}")
+
+
 def probe_timeout_s(wait_s: float) -> float:
     """The bound on each readiness probe of a wait of `wait_s`."""
     return max(0.1, min(READINESS_PROBE_TIMEOUT_S, wait_s))

@@ -61,7 +61,7 @@ class AsyncioModelClient(BaseModelClient):
     ) -> None:
         self._endpoint = parse_url(url)
         self._model_name = model_name
-        self._model_version = model_version
+        self._model_version = _protocol.version_text(model_version)
         self._lazy_init = lazy_init
         self._init_timeout_s = _protocol.DEFAULT_INIT_TIMEOUT_S if init_timeout_s is None else init_timeout_s
         self._inference_timeout_s = (

@@ -95,7 +95,7 @@ class ModelClient(BaseModelClient):
     ) -> None:
         self._endpoint = parse_url(url)
         self._model_name = model_name
-        self._model_version = model_version
+        self._model_version = _protocol.version_text(model_version)
         self._init_timeout_s = _protocol.DEFAULT_INIT_TIMEOUT_S if init_timeout_s is None else init_timeout_s
         self._inference_timeout_s = (
             _protocol.DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else inference_timeout_s
@@ -625,7 +625,7 @@ class FuturesModelClient(_protocol.ModelAddress):
             raise ValueError("max_queue_size must be greater than 0")
         self._endpoint = parse_url(url)
         self._model_name = model_name
-        self._model_version = model_version
+        self._model_version = _protocol.version_text(model_version)
         self._init_timeout_s = init_timeout_s
         self._inference_timeout_s = inference_timeout_s
         self._model_config = TritonModelConfig.of(model_config)
