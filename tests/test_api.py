@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import secrets
 import signal
 import subprocess
@@ -172,6 +173,28 @@ def extra_output(requests):
     return [{"y": request["x"], "z": request["x"]} for request in requests]
 
 
+class UnreadableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+MISBEHAVIOURS = {
+    1: SystemExit(3),
+    2: KeyboardInterrupt(),
+    3: UnreadableError(),
+    4: ValueError("caf\udcff"),
+    5: ValueError("x" * 1_000_000),
+}
+
+
+def misbehaves(requests):
+    """x[0] 0: answers; else raises what MISBEHAVIOURS holds for it."""
+    mode = int(requests[0]["x"].ravel()[0])
+    if mode in MISBEHAVIOURS:
+        raise MISBEHAVIOURS[mode]
+    return [{"y": request["x"]} for request in requests]
+
+
 def cached(requests):
     CACHED_CALLS.append(len(requests))
     return [{"y": request["x"] + 1} for request in requests]
@@ -256,6 +279,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         triton.bind("lenient", returns_float64, X, Y)
         triton.bind("lenient_shapes", ignores_the_request_shape, X, Y)
         triton.bind("extra_output", extra_output, X, Y)
+        triton.bind("misbehaves", misbehaves, X, Y)
         triton.bind("cached", cached, X, Y, config=ModelConfig(response_cache=True))
         triton.bind(
             "Linear",
@@ -540,6 +564,27 @@ def test_undeclared_output_is_an_error(server):
         infer(server, "http", "extra_output", {"x": np.ones((1, 2), np.float32)})
 
 
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        (1, "SystemExit: 3"),
+        (2, "KeyboardInterrupt: "),
+        (3, r"UnreadableError \(its message could not be read\)"),
+        (4, r"ValueError: caf\\udcff"),
+        (5, r"ValueError: x+\n\.\.\. \(996016 characters left out\) \.\.\.\nx+$"),
+    ],
+    ids=["SystemExit", "KeyboardInterrupt", "an unreadable message", "unencodable", "a huge message"],
+)
+def test_whatever_a_callable_raises_fails_its_request_alone(server, mode, said):
+    for protocol in ("http", "grpc"):
+        with pytest.raises(InferenceServerException) as raised:
+            infer(server, protocol, "misbehaves", {"x": np.full((1, 1), mode, np.float32)})
+        message = raised.value.message()
+        assert re.search(said, message) and len(message) < 4200, message[:200]
+        answered = infer(server, protocol, "misbehaves", {"x": np.zeros((1, 1), np.float32)})
+        assert answered.as_numpy("y").tolist() == [[0.0]], "the instance serves on"
+
+
 def test_response_cache_serves_repeated_requests(server):
     CACHED_CALLS.clear()
     x = np.full((1, 3), 7, np.float32)
@@ -681,6 +726,64 @@ def test_unrecoverable_error_stops_serving_and_exits_non_zero(tmp_path):
     assert not [name for name in shm_entries() if name.startswith(f"kubetriton-{server_id}")]
 
 
+SLOW_SCRIPT = """
+import sys
+import time
+
+import numpy as np
+
+from pytriton.model_config import Tensor
+from pytriton.triton import Triton, TritonConfig
+
+
+def slow(requests):
+    print("called", flush=True)
+    time.sleep(2)
+    return [{"y": request["x"]} for request in requests]
+
+
+http, grpc, metrics = map(int, sys.argv[1:4])
+with Triton(config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics)) as triton:
+    tensor = [Tensor(name="x", shape=(1,), dtype=np.float32)]
+    triton.bind("slow", slow, tensor, [Tensor(name="y", shape=(1,), dtype=np.float32)])
+    print("serving", flush=True)
+    triton.serve()
+"""
+
+
+def test_a_second_interrupt_does_not_cut_the_drain_short(tmp_path):
+    script = tmp_path / "serve.py"
+    script.write_text(SLOW_SCRIPT)
+    ports = free_ports(3)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    process = subprocess.Popen([sys.executable, str(script), *map(str, ports)], **pipes)
+    answers: queue.Queue[Any] = queue.Queue()
+    try:
+        assert process.stdout.readline().strip() == "serving"
+        request = threading.Thread(
+            target=lambda: answers.put(
+                infer(
+                    {"http": f"localhost:{ports[0]}"}, "http", "slow", {"x": np.full((1, 1), 7, np.float32)}
+                )
+            )
+        )
+        request.start()
+        assert process.stdout.readline().strip() == "called"  # the request is in the callable, for 2 s
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        process.send_signal(signal.SIGINT)  # as a terminal does when Ctrl-C is pressed again
+        request.join(30)
+        returncode = process.wait(timeout=60)
+        stderr = process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert answers.get_nowait().as_numpy("y").tolist() == [[7.0]], "the request in flight was answered"
+    assert returncode == 0 and "Traceback" not in stderr, stderr
+    assert "Already stopping: in-flight requests are being finished" in stderr
+
+
 def test_bind_after_tritonserver_died_says_so_and_stops_cleanly():
     http, grpc, metrics = free_ports(3)
     server_id = f"gone-{secrets.token_hex(4)}"
@@ -699,6 +802,11 @@ def test_bind_after_tritonserver_died_says_so_and_stops_cleanly():
         ):
             triton.bind("late", lambda requests: requests, tensor, tensor)
         assert not triton.is_alive()
+        with pytest.raises(PyTritonRuntimeError) as raised:
+            triton.serve(monitoring_period_s=0.1)
+        assert str(raised.value).startswith(
+            "tritonserver exited unexpectedly.\nIt was killed by SIGKILL (the kernel's out-of-memory killer"
+        ), "the report says how it ended, before its log's last lines"
     finally:
         triton.stop()
     assert not [name for name in shm_entries() if name.startswith(f"kubetriton-{server_id}")]

@@ -382,6 +382,12 @@ def test_strings_keep_every_byte_and_their_shape():
     assert deserialize_bytes(serialize_bytes(np.empty((0, 4), dtype=object)), (0, 4)).shape == (0, 4)
 
 
+def test_other_objects_in_a_string_tensor_travel_as_their_text():
+    array = np.array([5, 300_000_000, 1.5, None, True], dtype=object)
+    expected = [b"5", b"300000000", b"1.5", b"None", b"True"]  # as tritonclient serializes them
+    assert deserialize_bytes(serialize_bytes(array), (5,)).tolist() == expected
+
+
 @pytest.mark.parametrize(
     "data",
     [marshal.dumps([b"a", b"b"]), marshal.dumps((b"a", b"b", b"c")), marshal.dumps([b"a", "b", b"c"])],

@@ -47,11 +47,29 @@ class _OutputsLeftOut(Exception):
         self.response = response
 
 
+ERROR_TEXT_LIMIT = 4096
+"""The most characters of a callable's error a client gets: Triton sends it over gRPC in a trailer, and
+gRPC ends a call whose trailers pass 16 KiB with an error of its own."""
+
+
 def format_error(error: BaseException, *, debug: bool) -> str:
-    """The message a client sees for a callable's exception: its type and text, a traceback only in debug."""
-    message = f"{type(error).__name__}: {error}"
-    if debug:
-        message += "\n" + "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    """The message a client sees for a callable's exception: its type and text, a traceback only in debug.
+
+    Whatever the exception holds, the message can be sent: an exception whose text cannot be read is named
+    by its type, characters that UTF-8 cannot carry are escaped, and a message over ERROR_TEXT_LIMIT keeps
+    its start and its end (a traceback's last lines)."""
+    try:
+        message = f"{type(error).__name__}: {error}"
+        if debug:
+            message += "\n" + "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    except Exception:
+        message = f"{type(error).__name__} (its message could not be read)"
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(message) > ERROR_TEXT_LIMIT:
+        head = ERROR_TEXT_LIMIT // 4
+        tail = ERROR_TEXT_LIMIT - head - 100
+        left_out = len(message) - head - tail
+        message = f"{message[:head]}\n... ({left_out} characters left out) ...\n{message[-tail:]}"
     return message
 
 

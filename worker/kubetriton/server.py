@@ -180,6 +180,21 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _how_it_ended(returncode: int) -> str:
+    if returncode >= 0:
+        return f"It exited with status {returncode}."
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    cause = (
+        " (the kernel's out-of-memory killer sends it, as does kill -9)"
+        if -returncode == signal.SIGKILL
+        else ""
+    )
+    return f"It was killed by {name}{cause}."
+
+
 class LocalTritonServer:
     """A tritonserver child process with its model repository and shared memory in private places."""
 
@@ -283,15 +298,18 @@ class LocalTritonServer:
             return ""
 
     def exit_report(self, lines: int = 20) -> str:
-        """Why the server ended, as far as its log says: its last error lines, then its last lines (a
-        crash's are a stack trace, which names no cause)."""
+        """Why the server ended: how (its exit status, or the signal that killed it), then as far as its
+        log says, its last error lines and its last lines (a crash's are a stack trace, which names no
+        cause)."""
+        code = None if self._process is None else self._process.poll()
+        ended = [] if code is None else [_how_it_ended(code)]
         try:
             log = self._log_path.read_text(errors="replace").splitlines()
         except FileNotFoundError:
-            return ""
+            return "\n".join(ended)
         errors = [line for line in log[:-lines] if line.startswith("E")][-lines:]
         return "\n".join(
-            [*(["Its last errors:", *errors, "Its last lines:"] if errors else []), *log[-lines:]]
+            [*ended, *(["Its last errors:", *errors, "Its last lines:"] if errors else []), *log[-lines:]]
         )
 
     def stop(self, grace_s: float | None = None) -> None:

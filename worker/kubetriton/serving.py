@@ -182,9 +182,11 @@ class Serving:
             while not self._stop_requested.wait(monitoring_period_s):
                 self._check_triton()
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            self.stop()
+            try:
+                self.stop()  # with the handlers in place: a second signal cannot cut the drain short
+            finally:
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
         if self._fatal is not None:
             raise SystemExit(f"Serving stopped after an unrecoverable error: {self._fatal}")
 
@@ -195,6 +197,8 @@ class Serving:
         """Raise when Triton can no longer serve (serve() checks every monitoring period)."""
 
     def _on_stop_signal(self, *_: object) -> None:
+        if self._signalled:
+            LOGGER.warning("Already stopping: in-flight requests are being finished")
         self._signalled = True
         self._stop_requested.set()
 

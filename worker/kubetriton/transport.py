@@ -531,11 +531,20 @@ def serialize_bytes(array: np.ndarray) -> bytes:
     One C call packs the whole list here and one unpacks it in `deserialize_bytes`, where any layout of
     lengths and data needs a Python step per element on one side: that step was most of what strings
     cost the hop, which serializes and deserializes them once each way. Both ends run this module, and
-    each end reads only what the other end's `marshal` wrote (see `MARSHAL_VERSION`)."""
+    each end reads only what the other end's `marshal` wrote (see `MARSHAL_VERSION`). Other objects are
+    written as their text, as tritonclient writes them (5 as b"5", never as five zero bytes)."""
     items = array.ravel(order="C").tolist()
     if not _only_bytes(items):
-        items = [item.encode() if isinstance(item, str) else bytes(item) for item in items]
+        items = [_as_bytes(item) for item in items]
     return marshal.dumps(items, MARSHAL_VERSION)
+
+
+def _as_bytes(item: Any) -> bytes:
+    if isinstance(item, str):
+        return item.encode()
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return bytes(item)
+    return str(item).encode()
 
 
 def deserialize_bytes(buffer: bytes | memoryview, shape: Sequence[int]) -> np.ndarray:

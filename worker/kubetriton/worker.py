@@ -345,7 +345,7 @@ class InstanceServer(threading.Thread):
                             self._checker.check(item, batch_sizes, requests)
                     finally:
                         _close(result)
-        except Exception as error:
+        except BaseException as error:  # a callable's SystemExit too: it fails the warm-up
             self.warmup_error = format_error(error, debug=self._debug)
             return False
         finally:
@@ -501,7 +501,7 @@ class InstanceServer(threading.Thread):
             except SomeRequestsFailed as failed:
                 return self._partial_reply(failed, self._encode_responses(failed.outputs, responses_arena))
             return self._encode_responses(responses, responses_arena)
-        except Exception as error:
+        except BaseException as error:  # a callable's SystemExit or KeyboardInterrupt fails its batch alone
             return self._error_reply(error)
 
     def _checked(
@@ -542,7 +542,7 @@ class InstanceServer(threading.Thread):
                 self._take_releases(peer, 0)
                 if peer.cancelled == message.id:
                     break
-        except Exception as error:
+        except BaseException as error:
             yield self._error_reply(error)
             return
         finally:
@@ -589,11 +589,12 @@ class InstanceServer(threading.Thread):
             entries[index] = text
         return Reply(PARTIAL, entries, reply.frames)
 
-    def _error_reply(self, error: Exception) -> Reply:
-        LOGGER.warning("Model %s instance %d: %s", self.spec.name, self.instance, error, exc_info=self._debug)
+    def _error_reply(self, error: BaseException) -> Reply:
+        message = format_error(error, debug=self._debug)
+        LOGGER.warning("Model %s instance %d: %s", self.spec.name, self.instance, message)
         if isinstance(error, PyTritonUnrecoverableError):
             self._on_unrecoverable(error)
-        return Reply(ERROR, [], [], format_error(error, debug=self._debug))
+        return Reply(ERROR, [], [], message)
 
     def _call(self, requests: list[Request]) -> Any:
         result = self._infer_func(requests)  # with the model's context active: see run()
