@@ -90,6 +90,13 @@ def doubles_and_counts(x):
     return {"y": x * 2, "row": np.arange(len(x), dtype=np.int64).reshape(-1, 1)}
 
 
+@batch
+def sums_rows(x):
+    """Each row's sum: small outputs of large inputs, as a classifier's."""
+    ANSWERED_BATCHES.append(len(x))
+    return {"y": x.sum(axis=1, keepdims=True)}
+
+
 def rewrites_the_last_answer(infer_func):
     """A decorator above `@batch` that replaces one response's array after `@batch` split the outputs."""
 
@@ -181,6 +188,11 @@ def server() -> Iterator[dict[str, str]]:
                 ("a_rank_too_many", returns_a_rank_too_many),
             ):
                 triton.bind(name, infer_func, FLOAT_IN, [*FLOAT_OUT, ROW_OUT], config=three_rows)
+            four_requests = ModelConfig(
+                max_batch_size=8,
+                batcher=DynamicBatcher(max_queue_delay_microseconds=60_000_000, preferred_batch_size=[4]),
+            )
+            triton.bind("sums_fours", sums_rows, FLOAT_IN, FLOAT_OUT, config=four_requests)
             triton.bind(
                 "negate_three",
                 negate_three,
@@ -476,6 +488,22 @@ def test_tensor_larger_than_the_arena_gets_a_clear_error_and_nothing_leaks(serve
     fits = np.ones((1, ARENA_BYTES // 16), np.float32)
     for _ in range(4):  # would exhaust the arena if the failed request had leaked its blocks
         assert np.array_equal(infer(server, "http", "double", {"x": fits})["y"], fits * 2)
+
+
+def test_a_batch_larger_than_the_arena_is_sent_in_parts_that_fit(server):
+    """Four requests of 0.3 of the request arena each, which Triton batches: the whole batch does not fit,
+    each half does; every request gets its own answer."""
+    width = int(ARENA_BYTES * 0.3) // 4
+    arrays = [np.full((1, width), value, np.float32) for value in (1, 2, 3, 4)]
+    ANSWERED_BATCHES.clear()
+    client = httpclient.InferenceServerClient(server["http"], concurrency=4)
+    try:
+        pending = [client.async_infer("sums_fours", _inputs(httpclient, {"x": x})) for x in arrays]
+        sums = [request.get_result().as_numpy("y").tolist() for request in pending]
+    finally:
+        client.close()
+    assert sums == [[[float(value * width)]] for value in (1, 2, 3, 4)]
+    assert ANSWERED_BATCHES == [2, 2], "one batch of four, sent as two halves"
 
 
 def test_inputs_kept_by_the_callable_stay_intact(server):

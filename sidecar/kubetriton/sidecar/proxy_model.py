@@ -123,6 +123,8 @@ class TritonPythonModel:
         self._responses_arena = Arena(prefix + ".resp", arena_bytes, create=True, writable=False)
         self._arena_paths = [self._requests_arena.path, self._responses_arena.path]
         self._released_responses: list[int] = []
+        self._held_responses: list[int] = []
+        """Response blocks read by responses that `execute` has yet to return (a batch sent in parts)."""
         self._next_id = 0
         self._context = zmq.Context()
         self._presence = self._context.socket(zmq.DEALER)
@@ -137,10 +139,29 @@ class TritonPythonModel:
         if self._decoupled:
             self._execute_decoupled(requests)
             return None
+        self._busy_poll.batch(len(requests))
+        responses = self._execute(requests)
+        if self._held_responses:
+            self._released_responses.extend(self._held_responses)
+            self._held_responses.clear()
+        return responses
+
+    def _execute(self, requests: list[Any]) -> list[Any]:
+        """The responses to `requests`, sent to the worker as one batch; where the batch does not fit the
+        request arena, as two halves in turn, down to single requests, each of which may fit (Triton's
+        batches grow with the load, so a batch of large requests may not fit where each one does)."""
         try:
-            self._busy_poll.batch(len(requests))
             message_id = self._send(requests)
             reply, data = self._receive(message_id)
+        except ArenaFullError as error:
+            if len(requests) == 1:
+                return [pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error)))]
+            half = len(requests) // 2
+            first = self._execute(requests[:half])
+            # Its responses read their blocks until Triton copies them, once `execute` returns.
+            self._held_responses.extend(self._released_responses)
+            self._released_responses = []
+            return first + self._execute(requests[half:])
         except Exception as error:
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))) for _ in requests]
         if reply.kind == ERROR:
@@ -289,6 +310,7 @@ class TritonPythonModel:
             self._hop = None
         self._requests_arena.reset()
         self._released_responses.clear()
+        self._held_responses.clear()
 
     def _free_requests(self, offsets: list[int]) -> None:
         for offset in offsets:
