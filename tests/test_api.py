@@ -825,3 +825,21 @@ def test_a_stopped_triton_does_not_start_or_bind_again():
     with pytest.raises(PyTritonInvalidOperationError, match="was stopped; create a new one"):
         triton.bind("late", lambda requests: requests, tensor, tensor)
     assert not triton.is_connected()
+
+
+def test_a_triton_started_from_a_thread_that_ended_keeps_serving():
+    """An application's start-up hook may start Triton from a thread of its own, which then ends."""
+    http, grpc, metrics = free_ports(3)
+    triton = Triton(config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics))
+    tensor = [Tensor(name="x", shape=(1,), dtype=np.float32)]
+    starter = threading.Thread(target=triton.run)
+    starter.start()
+    starter.join()
+    try:
+        time.sleep(1)  # the kernel's signal to a server whose starting thread ended comes at once
+        triton.bind("served", lambda requests: requests, tensor, tensor)
+        answered = infer({"http": f"localhost:{http}"}, "http", "served", {"x": np.ones((1, 1), np.float32)})
+        assert answered.as_numpy("x").tolist() == [[1.0]]
+        assert triton.is_alive()
+    finally:
+        triton.stop()

@@ -19,6 +19,7 @@ import fcntl
 import glob
 import json
 import os
+import queue
 import re
 import shutil
 import signal
@@ -26,8 +27,10 @@ import socket
 import stat
 import subprocess
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from pytriton.exceptions import PyTritonRuntimeError
 
@@ -175,9 +178,35 @@ def is_this_machine(host: str) -> bool:
 
 
 def die_with_parent() -> None:
-    """Ask the kernel to SIGTERM this child process (run before it executes) if its parent dies."""
+    """Ask the kernel to SIGTERM this child process (run before it executes) if its parent dies: the thread
+    that started it, to be exact (see `start_owned`)."""
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start_owned(argv: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:
+    """Start a child process that the kernel stops when this process dies, however it is started.
+
+    The kernel sends `die_with_parent`'s signal when the thread that started the child ends, not the
+    process: a server started from a thread that then ended (an application's start-up hook) was stopped at
+    once. So a thread of its own starts the child and waits for it, living as long as the child, or as this
+    process."""
+    started: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue(maxsize=1)
+
+    def own() -> None:
+        try:
+            process = subprocess.Popen(argv, preexec_fn=die_with_parent, **options)
+        except BaseException as error:
+            started.put(error)
+            return
+        started.put(process)
+        process.wait()
+
+    threading.Thread(target=own, name=f"{Path(argv[0]).name} owner", daemon=True).start()
+    result = started.get()
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def _how_it_ended(returncode: int) -> str:
@@ -258,13 +287,12 @@ class LocalTritonServer:
         self._check_ports_free()
         self._shm_lock = claim(Path(self._shm_prefix))
         with self._log_path.open("ab") as log:
-            self._process = subprocess.Popen(
+            self._process = start_owned(
                 [str(self._home.executable), *self._args],
                 env=self._home.environment(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=die_with_parent,
             )
         try:
             self.control.wait_until_live(timeout_s, self.is_running)
