@@ -976,3 +976,24 @@ def test_a_triton_not_started_is_not_alive() -> None:
     triton = Triton()
     assert triton.is_alive() is False
     triton.stop()
+
+
+@pytest.mark.parametrize(
+    ("message", "said"),
+    [
+        (
+            "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Connection refused",
+            "connection refused: cannot reach Triton at grpc://localhost:1",
+        ),
+        (
+            "Stream removed (Socket closed (GOAWAY received))",
+            "Model m at grpc://localhost:1 failed: Stream removed",
+        ),
+    ],
+    ids=["never reached", "cut off in flight"],
+)
+def test_only_a_request_that_never_reached_triton_reads_connection_refused(message: str, said: str) -> None:
+    error = tritonclient.utils.InferenceServerException(message, status="StatusCode.UNAVAILABLE")
+    translated = _protocol.translate_error(error, endpoint=parse_url("grpc://localhost:1"), model_name="m")
+    assert isinstance(translated, PyTritonClientInferenceServerError)
+    assert str(translated).startswith(said), "a request cut off may have run: it is not 'refused'"

@@ -272,11 +272,22 @@ def _is_timeout(error: BaseException) -> bool:
     return isinstance(error, (TimeoutError, socket.timeout, asyncio.TimeoutError))
 
 
+CUT_OFF_MARKS = ("stream removed", "socket closed", "goaway", "connection reset", "broken pipe")
+"""What gRPC says of a connection that closed under a call it had sent (a server stopping, a pod going):
+UNAVAILABLE, as for a server never reached, but the request may have run."""
+
+
 def _is_unreachable(unavailable: bool, message: str) -> bool:
     """Whether a gRPC UNAVAILABLE status means the server was not reached: Triton answers with the same
     status a request that lacks the header of a restricted endpoint ("This protocol is restricted,
-    expecting header ...")."""
-    return unavailable and "is restricted, expecting header" not in message
+    expecting header ..."), and a connection that closed under a call sent already says so
+    (`CUT_OFF_MARKS`)."""
+    lowered = message.lower()
+    return (
+        unavailable
+        and "is restricted, expecting header" not in message
+        and not any(mark in lowered for mark in CUT_OFF_MARKS)
+    )
 
 
 def translate_error(error: BaseException, *, endpoint: Endpoint, model_name: str) -> PyTritonClientError:
