@@ -2,7 +2,8 @@
 kubetriton: the model becomes Ready and answers through its Service over HTTP and gRPC, a batched model
 and a streaming one; the callable sees the image's NumPy; an edited script rolls the pods under a load
 that loses no request; an image without NumPy or without Python ends in a status that says so, and the
-command exits non-zero with that message.
+command exits non-zero with that message; model names as bind() takes them (with '_', '.', 128
+characters) serve in a pod, and a deploy to zero replicas returns once every pod is stopping.
 
 The users' images are named by KUBETRITON_E2E_USER_IMAGES (comma-separated; docs/e2e.md builds them from
 e2e/user-images/); without it those tests are skipped. The failing images are ones every cluster of the kit
@@ -210,6 +211,73 @@ def test_an_image_that_cannot_work_is_named_in_the_status(
         assert degraded["status"] == "True" and degraded["reason"] == "WorkerImageUnsupported"
         assert reason in degraded["message"] and "\n" not in degraded["message"]
         print(f"{image}: deploy exited {result.returncode} after {took:.1f} s: {degraded['message']}")
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "kubetriton.cli", "delete", name, "-n", namespace], capture_output=True
+        )
+
+
+NAMED = """
+import numpy as np
+from pytriton.decorators import batch
+from pytriton.model_config import ModelConfig, Tensor
+from pytriton.triton import Triton
+
+
+@batch
+def double(x):
+    return {{"y": x * 2}}
+
+
+x, y = [Tensor(name="x", dtype=np.float32, shape=(1,))], [Tensor(name="y", dtype=np.float32, shape=(1,))]
+batched = ModelConfig(max_batch_size=8)
+with Triton() as triton:
+    for name in {names!r}:
+        triton.bind(model_name=name, infer_func=double, inputs=x, outputs=y, config=batched)
+    triton.serve()
+"""
+BIND_NAMES = ["add_sub", "resnet50.onnx", "M" * 128]
+"""Names Triton and bind() take that are not DNS labels; the longest would not fit a socket's path whole."""
+
+
+def test_models_named_as_bind_takes_them_serve_and_scale_to_zero(
+    release: dict[str, Any], cluster: Cluster, settings: Settings, tmp_path: Path
+) -> None:
+    namespace, name = settings.models_namespace, "bind-names"
+    script = tmp_path / "serve.py"
+    script.write_text(NAMED.format(names=BIND_NAMES))
+    try:
+        models = [flag for model_name in BIND_NAMES for flag in ("--model", model_name)]  # bound in a loop
+        result, took = deploy(
+            script,
+            "--image",
+            settings.worker_image,
+            *models,
+            "--name",
+            name,
+            "-n",
+            namespace,
+            "--timeout",
+            "600s",
+        )
+        assert result.returncode == 0, result.stderr
+        for protocol, port in (("http", 8000), ("grpc", 8001)):
+            with port_forward(namespace, f"service/{name}", port) as local:
+                url = f"{protocol}://127.0.0.1:{local}"
+                for number, model_name in enumerate(BIND_NAMES):
+                    with ModelClient(url, model_name, init_timeout_s=60) as client:
+                        answer = client.infer_sample(np.array([number], np.float32))["y"].tolist()
+                    assert answer == [2.0 * number], (protocol, model_name)
+        print(f"{BIND_NAMES[:2]} and a {len(BIND_NAMES[2])}-character name served over HTTP and gRPC")
+
+        result, took = deploy(
+            script, *models, "-n", namespace, "--name", name, "--replicas", "0", "--timeout", "300s"
+        )
+        assert result.returncode == 0, result.stderr
+        assert f"{name} is scaled to zero: the model has no replicas" in result.stdout
+        pods = cluster.model_pods(name, namespace).values()
+        assert all(pod.metadata.deletion_timestamp for pod in pods), "every pod is stopping"
+        print(f"deploy --replicas 0 returned in {took:.1f} s")
     finally:
         subprocess.run(
             [sys.executable, "-m", "kubetriton.cli", "delete", name, "-n", namespace], capture_output=True

@@ -379,7 +379,7 @@ async def test_deploy_applies_the_script_and_model_then_follows_them_to_ready(
 
 
 @pytest.mark.asyncio
-async def test_deploy_of_zero_replicas_returns_once_no_pod_is_left(
+async def test_deploy_of_zero_replicas_returns_once_the_deployment_scaled_down(
     cluster: ClusterEmulator,
     start_operator: StartOperator,
     kubeconfig: Path,
@@ -395,7 +395,9 @@ async def test_deploy_of_zero_replicas_returns_once_no_pod_is_left(
     result = await asyncio.wait_for(deploying, 30)
 
     assert (result.code, result.err) == (0, ""), "deploy waited for a Ready that 0 replicas never give"
-    assert "lengths is scaled to zero: the model has no replicas" in result.out.splitlines()
+    lines = result.out.splitlines()
+    assert "waiting for lengths to scale to zero (timeout 20s)" in lines
+    assert "lengths is scaled to zero: the model has no replicas" in lines
     assert result.out.endswith("\n".join(ACCESS_LINES) + "\n")
 
 

@@ -404,7 +404,8 @@ def _deploy(args: argparse.Namespace) -> int:
     if not args.wait:
         print("\n".join(addresses(applied)))
         return 0
-    print(f"waiting for {name} to be Ready (timeout {args.timeout:g}s)")
+    goal = "scale to zero" if applied["spec"].get("replicas") == 0 else "be Ready"
+    print(f"waiting for {name} to {goal} (timeout {args.timeout:g}s)")
     done = rollout.follow(cluster, name, args.timeout, print)
     for older in _delete_older_scripts(cluster, name, script_map):
         print(f"configmap/{older} deleted (an older script)")

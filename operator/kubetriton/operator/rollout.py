@@ -46,8 +46,8 @@ def is_ready(model: Mapping[str, Any]) -> bool:
 
 
 def scaled_to_zero(model: Mapping[str, Any]) -> bool:
-    """The model asks for no pods and has none left running: a deploy of zero replicas is done then
-    (Ready stays False: nothing serves)."""
+    """The model asks for no pods and its Deployment has scaled down (its pods are stopping, draining
+    their clients): a deploy of zero replicas is done then. Ready stays False: nothing serves."""
     return (
         observed(model)
         and condition(model, status.READY).get("reason") == status.SCALED_TO_ZERO
