@@ -146,9 +146,18 @@ def test_a_folder_ships_its_top_level_files_and_its_modules_name_models(tmp_path
     (folder / "weights.bin").write_bytes(b"\x00\xff")
     write_script(folder / "data", "x\n", "notes.txt")
     write_script(folder / "__pycache__", "", "models.cpython-312.pyc")
+    write_script(folder / ".git", "", "HEAD")
+    write_script(folder, "HF_TOKEN=hf_secret\n", ".env")
+    (folder / "hostname").symlink_to("/etc/hostname")
+    (folder / "weights-link.bin").symlink_to("weights.bin")
     loaded = script.load(folder)
-    assert sorted(loaded.files) == ["models.py", "serve.py", "weights.bin"]
-    assert (loaded.entrypoint, loaded.skipped) == ("serve.py", ("data",))
+    assert sorted(loaded.files) == ["models.py", "serve.py", "weights-link.bin", "weights.bin"]
+    assert loaded.entrypoint == "serve.py"
+    assert loaded.skipped == (
+        (".env", script.HIDDEN),
+        ("data", script.TOP_LEVEL_ONLY),
+        ("hostname", "it links to /etc/hostname, outside the folder"),
+    )
     assert script.model_names(loaded) == ["Rank"]
     with pytest.raises(script.ScriptError, match=r"ranker has no file named main\.py$"):
         script.load(folder, "main.py")

@@ -223,11 +223,8 @@ def _read_script(args: argparse.Namespace) -> tuple[script.Script, list[str], st
         models = args.models or script.model_names(files)
     except script.ScriptError as error:
         raise CommandError(str(error)) from error
-    for folder in files.skipped:
-        print(
-            f"warning: {args.script}/{folder} is not deployed: only a folder's top-level files are",
-            file=sys.stderr,
-        )
+    for item, why in files.skipped:
+        print(f"warning: {args.script}/{item} is not deployed: {why}", file=sys.stderr)
     if args.name is not None:
         return files, models, args.name
     name = script.object_name(models[0], files.stem)

@@ -24,7 +24,10 @@ MAX_CONFIG_MAP_BYTES = 1024 * 1024
 """What one ConfigMap may hold (the API server refuses a larger one)."""
 HASH_LENGTH = 10
 SKIPPED_FOLDERS = ("__pycache__",)
-"""Folders left out without a word: Python's caches are no part of a script."""
+"""Folders left out without a word: Python's caches are no part of a script (nor are hidden folders, a
+repository's .git or a .venv)."""
+TOP_LEVEL_ONLY = "only a folder's top-level files are"
+HIDDEN = "hidden files are left out, as they often hold secrets (give those in a Secret: worker.envFrom)"
 
 
 class ScriptError(ValueError):
@@ -38,8 +41,9 @@ class Script:
     files: dict[str, bytes]
     entrypoint: str
     source: Path
-    skipped: tuple[str, ...] = ()
-    """Sub-folders of a folder script that are not deployed (only top-level files are)."""
+    skipped: tuple[tuple[str, str], ...] = ()
+    """What of a folder script is not deployed, and why: its sub-folders (only top-level files are), its
+    hidden files, and links to files outside it."""
 
     @property
     def digest(self) -> str:
@@ -61,10 +65,15 @@ def load(path: Path, entrypoint: str | None = None) -> Script:
     """Read a script file, or a folder's top-level files with `entrypoint` (serve.py) to run."""
     if path.is_dir():
         files, skipped = {}, []
+        inside = path.resolve()
         for item in sorted(path.iterdir()):
             if item.is_dir():
-                if item.name not in SKIPPED_FOLDERS:
-                    skipped.append(item.name)
+                if item.name not in SKIPPED_FOLDERS and not item.name.startswith("."):
+                    skipped.append((item.name, TOP_LEVEL_ONLY))
+            elif item.name.startswith("."):
+                skipped.append((item.name, HIDDEN))
+            elif item.is_symlink() and not item.resolve().is_relative_to(inside):
+                skipped.append((item.name, f"it links to {item.resolve()}, outside the folder"))
             elif item.is_file():
                 files[_key(item)] = item.read_bytes()
         chosen = entrypoint or DEFAULT_ENTRYPOINT
