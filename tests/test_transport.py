@@ -56,6 +56,7 @@ from kubetriton.worker import (
     MAX_SOCKET_PATH,
     InstanceServer,
     TransportSettings,
+    arena_bytes,
     busy_poll_us,
 )
 from pytriton.exceptions import PyTritonValidationError
@@ -504,6 +505,15 @@ def test_the_worker_polls_for_2_ms_unless_told_otherwise(monkeypatch, tmp_path):
     assert busy_poll_us() == DEFAULT_BUSY_POLL_US == 2000
     settings = TransportSettings(tmp_path, tmp_path, 1024)
     assert settings.model_parameters("model", 1)[PARAM_BUSY_POLL_US] == "2000"
+
+
+@pytest.mark.parametrize("value", ["256M", "-5", "0", ""])
+def test_an_arena_size_that_is_not_a_number_of_bytes_is_refused_by_name(monkeypatch, value):
+    monkeypatch.setenv("KUBETRITON_ARENA_BYTES", value)
+    with pytest.raises(PyTritonValidationError, match=f"KUBETRITON_ARENA_BYTES='{value}' is not a positive"):
+        arena_bytes()
+    monkeypatch.setenv("KUBETRITON_ARENA_BYTES", "4194304")
+    assert arena_bytes() == 4194304
 
 
 def test_sockets_fit_a_unix_path_for_the_longest_model_names():

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import threading
 import time
@@ -41,7 +40,7 @@ from kubetriton import podenv
 from kubetriton.control import TritonControl
 from kubetriton.model_repository import ModelSpec, write_model
 from kubetriton.warmup import warmup_samples
-from kubetriton.worker import WORKER_RESTART_WAIT_S, ModelWorker, TransportSettings
+from kubetriton.worker import WORKER_RESTART_WAIT_S, ModelWorker, TransportSettings, arena_bytes
 
 LOGGER = logging.getLogger(__name__)
 
@@ -319,9 +318,8 @@ class Serving:
     def _transport_settings(self, sockets: Path, arena_dir: Path) -> TransportSettings:
         """Where this process's instances listen and put tensors; the proxies of a model that several
         processes serve wait for a restarting one."""
-        arena_bytes = int(os.environ.get(podenv.ENV_ARENA_BYTES, podenv.DEFAULT_ARENA_BYTES))
         wait_s = WORKER_RESTART_WAIT_S if self._group.count > 1 else 0.0
-        return TransportSettings(sockets, arena_dir, arena_bytes, worker_wait_s=wait_s)
+        return TransportSettings(sockets, arena_dir, arena_bytes(), worker_wait_s=wait_s)
 
     def _keep_models_loaded(self) -> None:
         """Load the bound models again when Triton restarted and came back without them.

@@ -40,6 +40,7 @@ from pytriton.exceptions import PyTritonModelConfigError, PyTritonUnrecoverableE
 from pytriton.proxy.context import TritonContext, use_triton_context
 from pytriton.proxy.types import Request
 
+from kubetriton import podenv
 from kubetriton.model_repository import ModelSpec
 from kubetriton.responses import ResponseChecker, ResponseError, SomeRequestsFailed, format_error
 from kubetriton.transport import (
@@ -118,6 +119,19 @@ def busy_poll_us() -> int:
     if not configured.strip().isdigit():
         raise PyTritonValidationError(
             f"{ENV_BUSY_POLL_US}={configured!r} is not a whole number of microseconds (0 never polls)"
+        )
+    return int(configured)
+
+
+def arena_bytes() -> int:
+    """The size of each arena: KUBETRITON_ARENA_BYTES where set, else `podenv.DEFAULT_ARENA_BYTES`."""
+    configured = os.environ.get(podenv.ENV_ARENA_BYTES)
+    if configured is None:
+        return podenv.DEFAULT_ARENA_BYTES
+    if not configured.strip().isdigit() or int(configured) == 0:
+        raise PyTritonValidationError(
+            f"{podenv.ENV_ARENA_BYTES}={configured!r} is not a positive whole number of bytes"
+            f" (the default, {podenv.DEFAULT_ARENA_BYTES}, is 256 MiB)"
         )
     return int(configured)
 
