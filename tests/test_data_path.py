@@ -113,6 +113,16 @@ def returns_a_rank_too_many(x):
     return {"y": x[:, None, :], "row": np.zeros((len(x), 1), np.int64)}
 
 
+def spoils_the_last(requests):
+    """Every request's answer right, but the last one's with a rank too many."""
+    responses = [
+        {"y": request["x"] * 2, "row": np.zeros((len(request["x"]), 1), np.int64)} for request in requests
+    ]
+    responses[-1]["y"] = responses[-1]["y"][:, None, :]
+    ANSWERED_BATCHES.append(sum(len(request["x"]) for request in requests))
+    return responses
+
+
 def names_requested_outputs(requests):
     """Answers, in `asked`, which outputs Triton says each request's client asked for."""
     return [
@@ -186,6 +196,7 @@ def server() -> Iterator[dict[str, str]]:
                 ("doubles_pairs", doubles_and_counts),
                 ("rewrites_pairs", rewrites_the_last_answer(doubles_and_counts)),
                 ("a_rank_too_many", returns_a_rank_too_many),
+                ("spoils_the_last", spoils_the_last),
             ):
                 triton.bind(name, infer_func, FLOAT_IN, [*FLOAT_OUT, ROW_OUT], config=three_rows)
             four_requests = ModelConfig(
@@ -430,6 +441,15 @@ def test_batch_outputs_that_do_not_fit_fail_each_request_with_its_own_shape(serv
     )
     assert isinstance(one, InferenceServerException) and isinstance(two, InferenceServerException)
     assert "output 'y' has shape (1, 1, 4), declared [batch] + [-1] for a request of batch size 1" in str(one)
+
+
+def test_a_wrong_response_fails_its_request_alone(server):
+    first, second = np.ones((1, 4), np.float32), np.ones((2, 4), np.float32)
+    one, two = _infer_pair(server, "spoils_the_last", first, second)
+    assert ANSWERED_BATCHES == [3], "one batch"
+    assert not isinstance(one, Exception) and np.array_equal(one.as_numpy("y"), first * 2)
+    assert isinstance(two, InferenceServerException)
+    assert "output 'y' has shape (2, 1, 4), declared [batch] + [-1] for a request of batch size 2" in str(two)
 
 
 def test_a_stream_fails_for_the_request_that_named_a_missing_output(server):

@@ -119,10 +119,16 @@ class ResponseChecker:
         for response, batch_size, request in zip(result, batch_sizes, requests, strict=True):
             try:
                 responses.append(self._check_response(response, batch_size))
+                continue
             except _OutputsLeftOut as left_out:  # some declared outputs left out: those it returned
-                checked = self._check_returned(left_out.response, batch_size, request)
-                failed = failed or isinstance(checked, ResponseError)
-                responses.append(checked)
+                try:
+                    checked = self._check_returned(left_out.response, batch_size, request)
+                except ResponseError as error:
+                    checked = error
+            except ResponseError as error:  # this request's response alone is wrong: it alone fails
+                checked = error
+            failed = failed or isinstance(checked, ResponseError)
+            responses.append(checked)
         if failed:
             raise SomeRequestsFailed(responses)
         return responses  # type: ignore[return-value]
