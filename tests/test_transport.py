@@ -31,6 +31,7 @@ from kubetriton.transport import (
     REQUEST,
     SINGLES_BEFORE_POLLING,
     Arena,
+    ArenaFullError,
     BusyPoll,
     Hop,
     RequestBatch,
@@ -292,6 +293,15 @@ def test_batch_outputs_are_whole_only_while_every_response_holds_the_slices_made
     for changed in (rewritten, grown, replaced):
         assert changed.whole() is None
     assert list(SplitOutputs({}, [1, 3])) == [{}, {}], "no output: a response, without outputs, per request"
+
+
+def test_a_full_arena_says_whether_a_bigger_one_or_a_free_one_is_needed(tmp_path):
+    arena = Arena(str(tmp_path / "requests"), 4096, create=True)
+    with pytest.raises(ArenaFullError, match=r"arena of 4096 bytes \(a bigger one: KUBETRITON_ARENA_BYTES\)"):
+        arena.allocate(5000)
+    arena.allocate(3000)
+    with pytest.raises(ArenaFullError, match=r"arena now \(1088 of 4096 bytes free\): .*keep a copy"):
+        arena.allocate(2000)
 
 
 def test_a_column_that_cannot_share_a_block_crosses_array_by_array(tmp_path):

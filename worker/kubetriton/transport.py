@@ -113,9 +113,15 @@ class Arena:
             if length >= need:
                 self._take(start, length, need)
                 return start
+        if need > self.size:
+            raise ArenaFullError(
+                f"{nbytes} bytes do not fit into the shared-memory arena of {self.size} bytes (a bigger one:"
+                " KUBETRITON_ARENA_BYTES)"
+            )
         raise ArenaFullError(
-            f"{nbytes} bytes do not fit into the shared-memory arena "
-            f"({self.size - self.used_bytes} of {self.size} bytes free)"
+            f"{nbytes} bytes do not fit into the shared-memory arena now ({self.size - self.used_bytes} of"
+            f" {self.size} bytes free): the rest holds other requests' tensors, or inputs that the callable"
+            " keeps (keep a copy instead)"
         )
 
     def _take(self, start: int, length: int, need: int) -> None:

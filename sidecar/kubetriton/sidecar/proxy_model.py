@@ -237,7 +237,7 @@ class TritonPythonModel:
             self._free_requests(allocated)
             if hop.peer_closed():  # the arena may be full of blocks that the departed worker held
                 raise ConnectionResetError("the worker went away") from None
-            raise ArenaFullError(f"Request to model '{self._model}' is too large: {error}") from None
+            raise ArenaFullError(f"Request to model '{self._model}' cannot be sent: {error}") from None
         entries = [
             (descriptors, "" if parameters == "{}" else parameters, sorted(outputs) if outputs else None)
             for descriptors, parameters, outputs in zip(
