@@ -736,14 +736,19 @@ from pytriton.model_config import Tensor
 from pytriton.triton import Triton, TritonConfig
 
 
+SLEEP_S = float(sys.argv[5]) if len(sys.argv) > 5 else 2.0
+
+
 def slow(requests):
     print("called", flush=True)
-    time.sleep(2)
+    time.sleep(SLEEP_S)
     return [{"y": request["x"]} for request in requests]
 
 
 http, grpc, metrics = map(int, sys.argv[1:4])
-with Triton(config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics)) as triton:
+exit_timeout = int(sys.argv[4]) if len(sys.argv) > 4 else None
+config = TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics, exit_timeout_secs=exit_timeout)
+with Triton(config=config) as triton:
     tensor = [Tensor(name="x", shape=(1,), dtype=np.float32)]
     triton.bind("slow", slow, tensor, [Tensor(name="y", shape=(1,), dtype=np.float32)])
     print("serving", flush=True)
@@ -782,6 +787,35 @@ def test_a_second_interrupt_does_not_cut_the_drain_short(tmp_path):
     assert answers.get_nowait().as_numpy("y").tolist() == [[7.0]], "the request in flight was answered"
     assert returncode == 0 and "Traceback" not in stderr, stderr
     assert "Already stopping: in-flight requests are being finished" in stderr
+
+
+def test_requests_abandoned_at_the_exit_timeout_are_reported(tmp_path):
+    script = tmp_path / "serve.py"
+    script.write_text(SLOW_SCRIPT)
+    ports = free_ports(3)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    process = subprocess.Popen([sys.executable, str(script), *map(str, ports), "1", "8"], **pipes)
+
+    def abandoned_request() -> None:
+        with contextlib.suppress(Exception):  # its connection closes with Triton
+            infer({"http": f"localhost:{ports[0]}"}, "http", "slow", {"x": np.ones((1, 1), np.float32)})
+
+    request = threading.Thread(target=abandoned_request)
+    try:
+        assert process.stdout.readline().strip() == "serving"
+        request.start()
+        assert process.stdout.readline().strip() == "called"  # in the callable for 8 s, past Triton's 1 s
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+        stderr = process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        request.join(30)
+    assert (
+        "1 request(s) were still in the callable when Triton stopped at the end of its exit timeout" in stderr
+    )
 
 
 def test_bind_after_tritonserver_died_says_so_and_stops_cleanly():

@@ -225,6 +225,13 @@ class TritonServing(Serving):
             # After an unrecoverable error the model cannot answer: Triton need not keep its clients'
             # connections open for its exit timeout.
             self._server.stop(None if self._fatal is None else UNRECOVERABLE_STOP_S)
+            abandoned = sum(worker.in_flight for worker in self._workers.values())
+            if abandoned and self._fatal is None:
+                LOGGER.warning(
+                    "%d request(s) were still in the callable when Triton stopped at the end of its exit"
+                    " timeout; their clients got an error (TritonConfig(exit_timeout_secs=...) waits longer)",
+                    abandoned,
+                )
         elif self._pod is not None:
             self._drain()
         else:  # hosted: the supervisor stops Triton, which finishes what it passed on to this process
