@@ -816,10 +816,11 @@ async def test_an_update_keeps_what_its_flags_do_not_say(
     updated = await kubetriton(capsys, "deploy", str(path), "--no-wait", "--replicas", "1")
     assert updated.code == 0
     command = "['python', '/app/serve.py']"
-    assert (
-        updated.err
-        == f"warning: model lengths has worker.command {command}, which runs instead of the script\n"
-    )
+    assert updated.err.splitlines() == [
+        "warning: model lengths serves Identity; this deploy makes it serve Lengths (another script? give"
+        " another --name to deploy it beside)",
+        f"warning: model lengths has worker.command {command}, which runs instead of the script",
+    ]
     assert "pytritonmodel.kubetriton.dev/lengths configured" in updated.out.splitlines()
     spec = (model(cluster, "lengths") or {})["spec"]
     assert spec["worker"]["image"] == "registry.example.com/lengths:1"

@@ -251,6 +251,14 @@ def _documents(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The ConfigMap and the PyTritonModel to apply; what a flag does not say, an update keeps."""
     spec = (live or {}).get("spec") or {}
+    served = spec.get("models") or []
+    if live and served != models:
+        before, after = ", ".join(served), ", ".join(models)
+        print(
+            f"warning: model {name} serves {before}; this deploy makes it serve {after}"
+            " (another script? give another --name to deploy it beside)",
+            file=sys.stderr,
+        )
     command = (spec.get("worker") or {}).get("command")
     if command:
         print(
