@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -109,6 +110,41 @@ def test_render_rejects_a_bad_spec_readably(tmp_path: Path) -> None:
     assert result.stdout == ""
     assert "spec.models: '-not-ok': each model name must be" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_render_takes_the_model_from_what_deploy_prints(tmp_path: Path) -> None:
+    script = tmp_path / "serve.py"
+    script.write_text("triton.bind(model_name='Lengths', infer_func=f)\n")
+    printed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kubetriton.cli",
+            "deploy",
+            str(script),
+            "--image",
+            "x",
+            "--dry-run=client",
+            "-o",
+            "yaml",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "KUBECONFIG": str(tmp_path / "none")},
+    ).stdout
+    rendered = subprocess.run(
+        [sys.executable, "-m", "kubetriton.cli", "render", "-"], input=printed, capture_output=True, text=True
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    assert [d["kind"] for d in yaml.safe_load_all(rendered.stdout)] == ["Deployment", "Service", "Service"]
+    twice = subprocess.run(
+        [sys.executable, "-m", "kubetriton.cli", "render", "-"],
+        input=printed + "---\n" + printed,
+        capture_output=True,
+        text=True,
+    )
+    assert twice.returncode == 1 and "holds 2 PyTritonModels in 4 documents" in twice.stderr
 
 
 def test_render_reads_standard_input_and_adds_the_service_monitor_on_request() -> None:

@@ -371,6 +371,11 @@ SCHEMA_CASES = [
     ("a PriorityClass with a space", _with(spec__scheduling={"priorityClassName": "Bad Class"}), "spec"),
     ("an uppercase RuntimeClass", _with(spec__runtimeClassName="Bad_Name"), "spec.runtimeClassName"),
     ("a pull secret with a space", _with(spec__imagePullSecrets=[{"name": "a b"}]), "spec.imagePullSecrets"),
+    (
+        "the script's folder as its entrypoint",
+        _with(spec__worker=_worker(script={"configMap": "s", "entrypoint": ".."})),
+        "spec.worker.script.entrypoint",
+    ),
 ]
 """Values whose children the API server would refuse (a Deployment it cannot store), refused by the
 CRD's schema as the model is applied, and by render."""

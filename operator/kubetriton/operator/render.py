@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 from kubetriton.operator import children
-from kubetriton.operator.spec import PyTritonModel, describe_validation_error
+from kubetriton.operator.spec import KIND, PyTritonModel, describe_validation_error
 from pydantic import ValidationError
 
 
@@ -31,8 +31,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_model(text: str, namespace: str | None = None) -> PyTritonModel:
-    """Parse and validate a model.yaml; raises ValueError with a readable message."""
-    document: Any = yaml.safe_load(text)
+    """Parse and validate a model.yaml (one document, or a stream with one PyTritonModel among others, as
+    `kubetriton deploy --dry-run=client -o yaml` prints it); raises ValueError with a readable message."""
+    documents = [document for document in yaml.safe_load_all(text) if document is not None]
+    models = [doc for doc in documents if isinstance(doc, dict) and doc.get("kind") == KIND]
+    if len(documents) == 1:
+        document: Any = documents[0]
+    elif len(models) == 1:
+        document = models[0]
+    else:
+        raise ValueError(f"the manifest holds {len(models)} PyTritonModels in {len(documents)} documents")
     if not isinstance(document, dict):
         raise ValueError("the manifest is not a YAML mapping")
     try:

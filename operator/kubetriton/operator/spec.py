@@ -80,7 +80,9 @@ DEFAULT_STARTUP_SECONDS = 1200
 """How long a worker may take to start serving its health endpoint before Kubernetes restarts it."""
 RESERVED_VOLUMES = (podenv.WORKSPACE_VOLUME, podenv.SHM_VOLUME, podenv.SCRIPT_VOLUME)
 RESERVED_MOUNT_PATHS = (podenv.WORKSPACE_MOUNT, podenv.SHM_MOUNT, podenv.SCRIPT_MOUNT)
-CONFIG_MAP_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+CONFIG_MAP_KEY_PATTERN = r"^[.]?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
+"""A ConfigMap key as Kubernetes allows one: letters, digits, '-', '_' and '.', but not '.' or '..' or a
+name that starts with '..'."""
 RESERVED_POD_LABELS = tuple(naming.labels("model"))
 """Label keys the operator sets on the pods: the Deployment's selector and the operator's own mark."""
 RESERVED_WORKER_ENV = (
