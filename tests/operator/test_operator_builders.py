@@ -561,6 +561,7 @@ def test_pod_meets_the_restricted_standard() -> None:
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
         }
+    assert pod_spec["automountServiceAccountToken"] is False, "no API token for the user's code and Triton"
 
 
 def test_replicas_belong_to_the_autoscaler_when_there_is_one() -> None:
@@ -682,6 +683,8 @@ def test_the_users_pod_settings_reach_the_pod() -> None:
     ]
     assert pod_spec["imagePullSecrets"] == [{"name": "registry"}]
     assert pod_spec["runtimeClassName"] == "nvidia"
+    assert pod_spec["serviceAccountName"] == "esm1-reader"
+    assert "automountServiceAccountToken" not in pod_spec, "the user's ServiceAccount says"
     assert template["metadata"]["labels"]["team"] == "ml"
     assert template["metadata"]["labels"]["app.kubernetes.io/instance"] == "esm1"
     assert template["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}

@@ -273,6 +273,11 @@ def pod_template(model: PyTritonModel) -> dict[str, Any]:
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "enableServiceLinks": False,
     }
+    if not spec.service_account_name:
+        # Nothing in the pod talks to the API server; the namespace's default account's token would be
+        # handed to the user's code and to the network-facing Triton for nothing. A ServiceAccount given in
+        # the spec is the user's to use (a cloud's workload identity), with its own automount setting.
+        pod_spec["automountServiceAccountToken"] = False
     scheduling = spec.scheduling
     optional = {
         "serviceAccountName": spec.service_account_name,
