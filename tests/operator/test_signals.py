@@ -7,9 +7,11 @@ import time
 import urllib.request
 from collections.abc import Iterator
 
+import aiohttp
 import numpy as np
 import pytest
-from kubetriton.operator import signals
+from aiohttp import web
+from kubetriton.operator import autoscaler, signals
 from kubetriton.operator.signals import PodReading
 from pytriton.client import ModelClient
 from pytriton.decorators import batch
@@ -156,3 +158,30 @@ def test_a_real_tritons_page_gives_queue_time_and_pending_requests(slow_triton: 
     assert signals.in_flight({"pod": idle}, ["Slow"]) == signals.Measurement(None, 0), (
         "Triton's page alone lacks the worker's part"
     )
+
+
+@pytest.mark.asyncio
+async def test_a_metrics_page_too_big_to_read_is_no_reading(caplog: pytest.LogCaptureFixture) -> None:
+    """A pod's page is its user's to fill: one that would take the operator's memory is not read."""
+    pages = {"/small": WORKER_PAGE, "/big": WORKER_PAGE + "# " + "x" * autoscaler.MAX_PAGE_BYTES + "\n"}
+
+    async def serve(request: web.Request) -> web.Response:
+        return web.Response(text=pages[request.path])
+
+    app = web.Application()
+    app.router.add_get("/{page}", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    metrics = signals.WORKER_IN_FLIGHT_METRICS
+    try:
+        async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as session:
+            read = await autoscaler.read_page(session, "/small", "pod-a", metrics)
+            too_big = await autoscaler.read_page(session, "/big", "pod-a", metrics)
+    finally:
+        await runner.cleanup()
+    assert read == {"kubetriton_in_flight": {"Encoder": 5.0, "Decoder": 1.0}}
+    assert too_big is None
+    assert f"serves a metrics page of more than {autoscaler.MAX_PAGE_BYTES} bytes" in caplog.text

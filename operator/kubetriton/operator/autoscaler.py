@@ -62,6 +62,10 @@ INTERVAL_SECONDS = 5.0
 READ_TIMEOUT_SECONDS = 2.0
 """A pod whose metrics take longer is left out of that reading."""
 MAX_READS_IN_FLIGHT = 32
+MAX_PAGE_BYTES = 2 * 1024 * 1024
+"""The most of a pod's metrics page read: Triton's with a hundred models is under half of it. A pod's page
+is its user's to fill, and the operator serves every namespace: a bigger page is no reading, not a page
+held in memory 32 at a time and parsed on the event loop."""
 STATUS_REFRESH_SECONDS = 15.0
 """A decision like the last one, on a signal that moved, is written at most this often (a new one at once)."""
 _STAMPS = ("lastDecisionTime", "lastScaleTime")
@@ -435,6 +439,29 @@ def ready_pods(pods: Iterable[Mapping[str, Any]]) -> list[PodAddress]:
     ]
 
 
+async def read_page(
+    session: aiohttp.ClientSession, url: str, pod: str, metrics: Sequence[str]
+) -> signals.Samples | None:
+    """The wanted metrics of a pod's metrics page, or None when the pod gave none (or one over
+    MAX_PAGE_BYTES)."""
+    try:
+        async with session.get(url) as response:
+            if response.status != 200:
+                return None
+            page = bytearray()
+            async for chunk in response.content.iter_chunked(64 * 1024):
+                page += chunk
+                if len(page) > MAX_PAGE_BYTES:
+                    logger.warning(
+                        f"pod {pod} serves a metrics page of more than {MAX_PAGE_BYTES} bytes; not read"
+                    )
+                    return None
+            return signals.parse(page.decode("utf-8", "replace"), metrics)
+    except (aiohttp.ClientError, TimeoutError) as error:
+        logger.debug(f"pod {pod} gave no metrics: {error!r}")
+        return None
+
+
 class Autoscaler:
     """Every `interval` seconds, reads the pods of each model the operator scales, and decides."""
 
@@ -532,14 +559,10 @@ class Autoscaler:
     async def _page(self, pod: PodAddress, port: int, metrics: Sequence[str]) -> signals.Samples | None:
         assert self._session is not None, "the autoscaler reads pods only while it runs"
         host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
-        try:
-            async with self._reads, self._session.get(f"http://{host}:{port}/metrics") as response:
-                if response.status != 200:
-                    return None
-                return signals.parse(await response.text(), metrics)
-        except (aiohttp.ClientError, TimeoutError) as error:
-            logger.debug(f"pod {pod.name} ({pod.ip}:{port}) gave no metrics: {error!r}")
-            return None
+        async with self._reads:
+            return await read_page(
+                self._session, f"http://{host}:{port}/metrics", f"{pod.name} ({pod.ip}:{port})", metrics
+            )
 
     def collector(self) -> Collector:
         """Prometheus gauges of every scaled model's last decision, read when scraped."""
