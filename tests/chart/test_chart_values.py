@@ -30,6 +30,8 @@ BAD_VALUES: dict[str, dict[str, Any]] = {
     "health port as a string": {"health": {"port": "8080"}},
     "root operator": {"podSecurityContext": {"runAsNonRoot": False}},
     "privilege escalation": {"securityContext": {"allowPrivilegeEscalation": True}},
+    "non-root taken out with a null": {"podSecurityContext": {"runAsNonRoot": None}},
+    "privilege escalation taken out with a null": {"securityContext": {"allowPrivilegeEscalation": None}},
     "existing account without a name": {"serviceAccount": {"create": False}},
     "test timeout too short": {"test": {"readyTimeoutSeconds": 5}},
     "resources with an unknown section": {"resources": {"request": {"cpu": "1"}}},
