@@ -226,7 +226,7 @@ def test_a_drain_evicts_one_ready_pod_at_a_time_and_any_pod_that_is_not_ready() 
     assert budgets["esm1-router"]["selector"]["matchLabels"] == naming.router_selector_labels("esm1")
 
 
-def test_the_pods_service_lists_each_ready_pod_on_the_model_services_ports() -> None:
+def test_the_pods_service_lists_each_ready_pod_and_the_metrics_ports_one_service_only_has() -> None:
     model = model_with(
         service={"type": "LoadBalancer", "ports": {"http": 80, "grpc": 81, "metrics": 82, "worker": 83}}
     )
@@ -235,8 +235,13 @@ def test_the_pods_service_lists_each_ready_pod_on_the_model_services_ports() -> 
     assert pods["spec"]["clusterIP"] == "None"
     assert "type" not in pods["spec"] and "publishNotReadyAddresses" not in pods["spec"]
     assert pods["spec"]["selector"] == service["spec"]["selector"]
-    assert pods["spec"]["ports"] == service["spec"]["ports"][:2], "HTTP and gRPC, as the model's Service"
-    assert [port["name"] for port in pods["spec"]["ports"]] == ["http", "grpc"], "no metrics: scraped once"
+    assert pods["spec"]["ports"][:2] == service["spec"]["ports"], "HTTP and gRPC, as the model's Service"
+    assert [port["name"] for port in service["spec"]["ports"]] == ["http", "grpc"], "nothing else published"
+    assert [port["name"] for port in pods["spec"]["ports"]] == ["http", "grpc", "metrics", "worker"]
+    internal = model_with(service={"ports": {"http": 80, "grpc": 81, "metrics": 82, "worker": 83}})
+    service, pods = children.build_service(internal), children.build_pods_service(internal)
+    assert [port["name"] for port in service["spec"]["ports"]] == ["http", "grpc", "metrics", "worker"]
+    assert [port["name"] for port in pods["spec"]["ports"]] == ["http", "grpc"], "each pod scraped once"
 
 
 @pytest.mark.parametrize(

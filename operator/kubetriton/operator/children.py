@@ -157,26 +157,42 @@ def build_replicas(model: PyTritonModel, replicas: int) -> dict[str, Any]:
     }
 
 
-def _service_ports(model: PyTritonModel) -> list[dict[str, Any]]:
-    """Triton's HTTP, gRPC and metrics ports, and the worker's health port."""
+def _serving_ports(model: PyTritonModel) -> list[dict[str, Any]]:
+    """Triton's HTTP and gRPC ports."""
     ports = model.spec.service.ports
     return [
         {"name": "http", "port": ports.http, "targetPort": "http", "protocol": "TCP"},
         {"name": "grpc", "port": ports.grpc, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
+    ]
+
+
+def _metrics_ports(model: PyTritonModel) -> list[dict[str, Any]]:
+    """Triton's metrics port and the worker's health port (its /metrics, /readyz and /livez)."""
+    ports = model.spec.service.ports
+    return [
         {"name": "metrics", "port": ports.metrics, "targetPort": "metrics", "protocol": "TCP"},
         {"name": "worker", "port": ports.worker, "targetPort": "health", "protocol": "TCP"},
     ]
 
 
+def _metrics_inside(model: PyTritonModel) -> bool:
+    """Whether the model's Service carries the metrics ports: where it is reached from inside the cluster
+    only (ClusterIP). A NodePort or LoadBalancer Service would publish them beyond it, so the headless
+    Service carries them then. One Service or the other, never both: the ServiceMonitor, which selects
+    the model's Services by their labels, scrapes each pod once."""
+    return model.spec.service.type == "ClusterIP"
+
+
 def build_service(model: PyTritonModel) -> dict[str, Any]:
     """The Service of the spec's type: one address for the model, balanced per connection."""
+    ports = _serving_ports(model) + (_metrics_ports(model) if _metrics_inside(model) else [])
     return _object(
         MODEL_SERVICE,
         model,
         {
             "type": model.spec.service.type,
             "selector": naming.selector_labels(model.metadata.name),
-            "ports": _service_ports(model),
+            "ports": ports,
         },
     )
 
@@ -184,14 +200,13 @@ def build_service(model: PyTritonModel) -> dict[str, Any]:
 def build_pods_service(model: PyTritonModel) -> dict[str, Any]:
     """A headless Service: its name resolves to the address of each Ready pod, so that a client (a
     ModelClient given this name, or the router) balances each request over the pods itself. A pod that
-    stops or is not Ready leaves the answer. Only the HTTP and gRPC ports: the ServiceMonitor, which
-    selects the model's Services by their labels, scrapes the metrics ports of the model's Service
-    alone, so that no pod is scraped twice."""
-    serving = [port for port in _service_ports(model) if port["name"] in ("http", "grpc")]
+    stops or is not Ready leaves the answer. The HTTP and gRPC ports, and the metrics ports where the
+    model's Service is published beyond the cluster (`_metrics_inside`)."""
+    ports = _serving_ports(model) + ([] if _metrics_inside(model) else _metrics_ports(model))
     return _object(
         PODS_SERVICE,
         model,
-        {"clusterIP": "None", "selector": naming.selector_labels(model.metadata.name), "ports": serving},
+        {"clusterIP": "None", "selector": naming.selector_labels(model.metadata.name), "ports": ports},
     )
 
 
