@@ -704,6 +704,41 @@ async def test_a_refused_child_keeps_the_model_degraded(
     assert operator.alive
 
 
+async def test_an_object_that_holds_a_childs_name_is_not_taken_over(
+    cluster: ClusterEmulator, start_operator: StartOperator
+):
+    """Server-side apply with force would take the Service over, and the model's deletion would take it
+    along: the operator leaves another's object alone and says so, until it goes."""
+    theirs = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "identity", "labels": {"team": "web"}},
+    }
+    theirs["spec"] = {"selector": {"app": "web"}, "ports": [{"port": 80}]}
+    await create(cluster, child_path("Service", "").rsplit("/", 1)[0], theirs)
+    await start_operator(refused_retry_delays=(0.2,))
+    await create_model(cluster, model_document("identity"))
+    failed = await eventually(lambda: failed_to_apply(cluster, "identity"), message="ApplyFailed")
+    assert failed["message"] == (
+        "Service: identity exists already and is not this model's (it belongs to no PyTritonModel):"
+        " delete it, or give the model another name"
+    )
+    service = stored(cluster, CHILD_APIS["Service"], "identity")
+    assert service is not None and service["spec"]["selector"] == {"app": "web"}, "left as it was"
+    assert "ownerReferences" not in service["metadata"]
+
+    await delete(cluster, child_path("Service", "identity"))
+    await eventually(
+        lambda: (
+            (stored(cluster, CHILD_APIS["Service"], "identity") or {})
+            .get("metadata", {})
+            .get("ownerReferences")
+        ),
+        message="the model's own Service, once the other is gone",
+    )
+    await eventually(lambda: not failed_to_apply(cluster, "identity"), message="no longer ApplyFailed")
+
+
 async def test_a_corrected_spec_is_acted_on_at_once(cluster: ClusterEmulator, start_operator: StartOperator):
     await start_operator(refused_retry_delays=(3600,))
     cluster.rejections["services"] = no_load_balancers

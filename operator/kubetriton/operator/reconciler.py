@@ -44,6 +44,7 @@ from kubetriton.operator import autoscaler, children, naming, status
 from kubetriton.operator.autoscaler import Key
 from kubetriton.operator.kube import (
     AUTOSCALER_FIELD_MANAGER,
+    CONFLICT,
     FIELD_MANAGER,
     HANDOVER_FIELD_MANAGER,
     NOT_SENT,
@@ -336,6 +337,27 @@ class ApplyError(Exception):
     def __init__(self, kind: children.ChildKind, error: KubeError) -> None:
         super().__init__(f"{kind.kind}: {error}")
         self.error = error
+
+
+class NameTaken(KubeError):
+    """A child's name is held by an object that is not the model's. Server-side apply would take it over
+    (and the model's deletion would then delete it): the operator leaves it alone and says so, until it
+    goes or the model is renamed."""
+
+    def __init__(self, existing: Mapping[str, Any]) -> None:
+        metadata = existing["metadata"]
+        owners = ", ".join(f"{ref['kind']} {ref['name']}" for ref in metadata.get("ownerReferences") or [])
+        held = f"it belongs to {owners}" if owners else "it belongs to no PyTritonModel"
+        message = (
+            f"{metadata['name']} exists already and is not this model's ({held}): delete it, or give the"
+            " model another name"
+        )
+        Exception.__init__(self, message)  # not KubeError's "HTTP 409: ...": the operator says this
+        self.status, self.message = CONFLICT, message
+
+    @property
+    def temporary(self) -> bool:
+        return False
 
 
 @dataclass
@@ -636,6 +658,8 @@ class Reconciler:
                 if held is None:
                     applied.append(part.describe(key[1]))
                 continue
+            if observed is None:
+                await self._refuse_a_taken_name(kind, child, owner)
             child = children.stamped(child)
             if part is children.MODEL_DEPLOYMENT and observed is None:
                 child = children.first_deployment(child, model)
@@ -663,6 +687,25 @@ class Reconciler:
             if kinds
         ]
         return "; ".join([*done, held] if held else done)
+
+    async def _refuse_a_taken_name(
+        self, kind: children.ChildKind, child: Mapping[str, Any], owner: Mapping[str, Any]
+    ) -> None:
+        """Raise ApplyError (NameTaken) when an object not owned by the model holds the child's name. Asked
+        of the API server for a child the operator has not seen (its watches see its own children only):
+        on the model's first apply, once per child."""
+        metadata = child["metadata"]
+        try:
+            existing = await self.api.get(
+                kind.api_version, kind.plural, metadata["namespace"], metadata["name"]
+            )
+        except KubeError as error:
+            raise ApplyError(kind, error) from error
+        if existing is None:
+            return
+        owners = existing["metadata"].get("ownerReferences") or []
+        if not any(ref.get("uid") == owner["metadata"]["uid"] for ref in owners):
+            raise ApplyError(kind, NameTaken(existing))
 
     async def _roll_when_free(
         self, key: Key, kind: children.ChildKind, child: dict[str, Any], state: ModelState
