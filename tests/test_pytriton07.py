@@ -55,7 +55,7 @@ from pytriton.client.utils import (
 )
 from pytriton.client.warnings import NotSupportedTimeoutWarning
 from pytriton.decorators import batch
-from pytriton.exceptions import PyTritonRuntimeError
+from pytriton.exceptions import PyTritonInvalidOperationError, PyTritonRuntimeError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.model_config.common import ModelWarmup, WarmupInput
 from pytriton.model_config.triton_model_config import TensorSpec, TritonModelConfig
@@ -195,6 +195,12 @@ def test_remote_triton_binds_to_a_local_triton_of_another_process(protocol: str)
         assert not probe.is_model_ready("Double"), "a stopped RemoteTriton unloads its models"
         assert probe.is_model_ready("AddSub")
         probe.close()
+        taken = pytest.raises(PyTritonInvalidOperationError, match="'AddSub' is already bound: another")
+        with RemoteTriton(url=url) as remote, taken:
+            remote.bind("AddSub", _double, X, Y, config=ModelConfig(max_batch_size=4))
+        with ModelClient(f"http://127.0.0.1:{http}", "AddSub", init_timeout_s=30) as client:
+            ones = np.ones((1, 1), np.float32)
+            assert client.infer_batch(ones, ones)["add"].tolist() == [[2.0]], "still the first process's"
 
 
 def test_the_remote_mode_example_serves_over_http_and_grpc() -> None:

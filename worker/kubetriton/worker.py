@@ -36,7 +36,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import zmq
 import zmq.utils.monitor
-from pytriton.exceptions import PyTritonModelConfigError, PyTritonUnrecoverableError, PyTritonValidationError
+from pytriton.exceptions import (
+    PyTritonInvalidOperationError,
+    PyTritonModelConfigError,
+    PyTritonUnrecoverableError,
+    PyTritonValidationError,
+)
 from pytriton.proxy.context import TritonContext, use_triton_context
 from pytriton.proxy.types import Request
 
@@ -246,6 +251,24 @@ class Peer:
         self.hop.close()
 
 
+def _remove_a_stale_socket(path: str, model: str) -> None:
+    """Remove the socket file a killed worker left; PyTritonInvalidOperationError where a live worker
+    listens on it: another process (`RemoteTriton`) serves the model through this Triton already, and
+    taking its sockets over would leave it serving nothing, and its stop would unload the model."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
+        try:
+            probe.connect(path)
+        except FileNotFoundError:
+            return
+        except ConnectionRefusedError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return
+    raise PyTritonInvalidOperationError(
+        f"A model named '{model}' is already bound: another process serves it through this Triton"
+    )
+
+
 class InstanceServer(threading.Thread):
     """Serves one proxy instance: receives its requests, runs the callable, sends the responses."""
 
@@ -271,13 +294,12 @@ class InstanceServer(threading.Thread):
         """Whether `@batch`'s outputs can cross as one array each (`_encode_split`): strings cannot."""
         self._batching = bool(spec.max_batch_size)
         self._triton_context = TritonContext(spec.name, spec.config, spec.inputs, spec.outputs)
+        self._hop_path = transport.hop_path(spec.name, instance)
+        _remove_a_stale_socket(self._hop_path, spec.name)
         self._presence = zmq.Context.instance().socket(zmq.ROUTER)
         self._presence.setsockopt(zmq.LINGER, 0)
         self._presence.bind(transport.address(spec.name, instance))
         self._monitor = self._presence.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-        self._hop_path = transport.hop_path(spec.name, instance)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._hop_path)  # a killed worker's socket file
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._listener.bind(self._hop_path)
         self._listener.listen()
