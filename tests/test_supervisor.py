@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -9,7 +10,13 @@ from collections.abc import Iterator
 import pytest
 from kubetriton import podenv
 from kubetriton.health import HealthServer, ProcessesHealth
-from kubetriton.supervisor import RestartPolicy, _differences, process_devices, process_environment
+from kubetriton.supervisor import (
+    RestartPolicy,
+    WorkerProcess,
+    _differences,
+    process_devices,
+    process_environment,
+)
 
 from tests.conftest import consecutive_free_ports
 
@@ -234,3 +241,14 @@ def test_the_pods_metrics_are_each_processs_with_its_index(processes) -> None:
     assert 'kubetriton_process_restarts_total{process="1"} 3.0' in lines
     assert sum(line.startswith("# TYPE kubetriton_attached ") for line in lines) == 1
     assert any(line.startswith('process_start_time_seconds{process="1"}') for line in lines)
+
+
+def test_an_exit_is_described_by_the_lines_of_its_own_run() -> None:
+    process = WorkerProcess(
+        1, [sys.executable, "-c", "import sys; sys.stderr.write('once\\n'); sys.exit(3)"], {}
+    )
+    for _ in range(3):  # as restarts do
+        process.start()
+        assert process.process is not None and process.process.wait(30) == 3
+        described = process.describe_exit(3)
+    assert described == "worker process 1 exited with code 3; its last lines: once"

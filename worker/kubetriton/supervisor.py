@@ -153,6 +153,7 @@ class WorkerProcess:
         )
         self.started_at = time.monotonic()
         self.restart_at = None
+        self.last_lines.clear()  # an exit is described by its own run's lines, not an earlier one's too
         assert self.process.stdout is not None and self.process.stderr is not None
         self._relays = [
             relay_output(self.process.stdout, self.index, sys.stdout, None),
