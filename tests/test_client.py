@@ -482,7 +482,7 @@ def test_asyncio_clients_from_existing_client(triton: Triton, url: str) -> None:
         with ModelClient(url, "slow", "1", inference_timeout_s=0.3) as synchronous:
             async with AsyncioModelClient.from_existing_client(synchronous) as copy:
                 assert copy.model_version == "1"
-                with pytest.raises(PyTritonClientTimeoutError):
+                with pytest.raises(PyTritonClientTimeoutError, match=r"sent no response within 0\.3 s$"):
                     await copy.infer_sample(_floats(1.0))
         if url == GRPC_URL:
             async with AsyncioDecoupledModelClient(url, "stream") as first:
@@ -698,7 +698,7 @@ def test_decoupled_timeout_bounds_each_response_not_the_stream(triton: Triton) -
         assert asyncio.run(stream(0.5, 0.3)) == 2
         with pytest.raises(PyTritonClientTimeoutError, match=r"no response within 0\.5 s"):
             list(client.infer_sample(_floats(1.5)))
-    with pytest.raises(PyTritonClientTimeoutError):
+    with pytest.raises(PyTritonClientTimeoutError, match=r"paced at .* sent no response within 0\.5 s$"):
         asyncio.run(stream(0.5, 1.5))
 
 

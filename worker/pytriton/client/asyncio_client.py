@@ -192,11 +192,19 @@ class AsyncioModelClient(BaseModelClient):
         except (PyTritonClientError, StopAsyncIteration):
             raise
         except Exception as error:
-            raise self._failure(error, host) from error
+            raise self._failure(error, host, timeout_s) from error
 
-    def _failure(self, error: Exception, host: str | None) -> PyTritonClientError:
-        """The client error for a failed call to `host` (a closed client's first)."""
+    def _failure(
+        self, error: Exception, host: str | None, timeout_s: float | None = None
+    ) -> PyTritonClientError:
+        """The client error for a failed call to `host` (a closed client's first); `asyncio.wait_for`'s
+        timeout, which says nothing, says which it was (`inference_timeout_s` unless given)."""
         self._check_open()
+        if isinstance(error, asyncio.TimeoutError) and not str(error):
+            waited = self._inference_timeout_s if timeout_s is None else timeout_s
+            return PyTritonClientTimeoutError(
+                f"Model {self._model_name} at {self.url} sent no response within {waited:g} s"
+            )
         endpoint = dataclasses.replace(self._endpoint, host=host or self._endpoint.host)
         return _protocol.translate_error(error, endpoint=endpoint, model_name=self._model_name)
 
