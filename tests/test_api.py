@@ -110,6 +110,23 @@ def endless(requests):
         ENDLESS["closed"] = True
 
 
+GAPPED: dict[str, Any] = {}
+GAP_S = 2.0
+
+
+def gapped(requests):
+    """Three responses, GAP_S apart; records how many it made and whether it was closed."""
+    GAPPED["made"] = 0
+    try:
+        for i in range(3):
+            if i:
+                time.sleep(GAP_S)
+            GAPPED["made"] += 1
+            yield [{"i": np.array([i], np.int32)} for _ in requests]
+    finally:
+        GAPPED["closed"] = time.monotonic()
+
+
 async def async_endless(requests):
     ENDLESS["made"] = 0
     try:
@@ -269,6 +286,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             config=ModelConfig(decoupled=True, max_batch_size=4),
         )
         triton.bind("endless", endless, STREAM_IN, STREAM_OUT, config=decoupled)
+        triton.bind("gapped", gapped, STREAM_IN, STREAM_OUT, config=decoupled)
         triton.bind("async_endless", async_endless, STREAM_IN, STREAM_OUT, config=decoupled)
         triton.bind("returns_a_generator", returns_a_generator, X, Y)
         triton.bind("parameters", parameters_as_json, X, TEXT_OUT)
@@ -488,6 +506,28 @@ def test_cancelled_stream_closes_the_generator(server, model):
     assert ENDLESS.get("closed"), "the generator still runs after its client cancelled"
     assert ENDLESS["made"] < 200
     assert stream_once(server, "stream", 2) == ([0, 1], None)
+
+
+def test_a_stream_cancelled_between_two_items_is_not_resumed_for_a_third(server):
+    """The client cancels while the generator waits for its next item: once it yields that item, it is
+    closed, not resumed to make one more."""
+    GAPPED.clear()
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server["grpc"])
+    try:
+        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        arrays = {"n": np.array([0], np.int32), "fail_at": np.array([-1], np.int32)}
+        client.async_stream_infer("gapped", _inputs(grpcclient, arrays))
+        assert events.get(timeout=STREAM_TIMEOUT_S)[1] is None
+        cancelled = time.monotonic()
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    deadline = time.monotonic() + 4 * GAP_S
+    while "closed" not in GAPPED and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert GAPPED.get("made") == 2, "resumed once more after its clients cancelled"
+    assert GAPPED["closed"] - cancelled < GAP_S + 1
 
 
 def test_generator_without_decoupled_is_refused_at_bind(server):

@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -176,8 +177,19 @@ class TritonPythonModel:
         try:
             message_id = self._send(requests)
             next_check = time.monotonic() + CANCEL_CHECK_S
+
+            def check_cancelled() -> None:
+                """Every CANCEL_CHECK_S, between items and while waiting for one: a stream whose clients all
+                cancelled is told to close its generator before it is resumed for another item."""
+                nonlocal next_check
+                if next_check and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + CANCEL_CHECK_S
+                    if all(request.is_cancelled() for request in requests):
+                        self._cancel(message_id)
+                        next_check = 0.0
+
             while True:
-                reply, data = self._receive(message_id)
+                reply, data = self._receive(message_id, check_cancelled)
                 if reply.kind == ERROR:
                     error = pb_utils.TritonError(reply.text)
                     for sender in senders:
@@ -191,11 +203,7 @@ class TritonPythonModel:
                 for sender, outputs in zip(senders, reply.entries, strict=True):
                     sender.send(respond(outputs, data))
                 self._release_responses()
-                if next_check and time.monotonic() >= next_check:
-                    next_check = time.monotonic() + CANCEL_CHECK_S
-                    if all(request.is_cancelled() for request in requests):
-                        self._cancel(message_id)
-                        next_check = 0.0
+                check_cancelled()
         except Exception as error:
             for sender in senders:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))), flags=final)
@@ -253,13 +261,19 @@ class TritonPythonModel:
         hop.send([encode_message(REQUEST, self._next_id, entries, released, flags=flags), *frames])
         return self._next_id
 
-    def _receive(self, message_id: int) -> tuple[Message, list[memoryview]]:
+    def _receive(
+        self, message_id: int, waiting: Callable[[], None] | None = None
+    ) -> tuple[Message, list[memoryview]]:
         """Wait for the worker's reply to `message_id` (polling first while single requests come quickly,
-        see `BusyPoll`; never for a stream's); fail as soon as the worker's end of the hop closes."""
+        see `BusyPoll`; never for a stream's, which calls `waiting` every CANCEL_CHECK_S while it waits);
+        fail as soon as the worker's end of the hop closes."""
         assert self._hop is not None
         while True:
             started = time.perf_counter_ns()
             self._busy_poll.poll(self._hop.poller)
+            if waiting is not None:
+                while not self._hop.poller.poll(CANCEL_CHECK_S * 1000):
+                    waiting()
             frames = self._hop.receive()
             self._busy_poll.waited(time.perf_counter_ns() - started)
             if frames is None:
