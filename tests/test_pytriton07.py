@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -201,6 +202,36 @@ def test_remote_triton_binds_to_a_local_triton_of_another_process(protocol: str)
         with ModelClient(f"http://127.0.0.1:{http}", "AddSub", init_timeout_s=30) as client:
             ones = np.ones((1, 1), np.float32)
             assert client.infer_batch(ones, ones)["add"].tolist() == [[2.0]], "still the first process's"
+
+
+def test_a_remote_triton_whose_triton_stopped_ends_its_serve() -> None:
+    http, grpc, metrics = free_ports(3)
+    outcome: queue.Queue[BaseException | None] = queue.Queue()
+    with _script(REMOTE_MODE / "server.py", _ports_env(http, grpc, metrics)) as server:
+        _wait_until_served(server, f"http://127.0.0.1:{http}", "AddSub")
+        remote = RemoteTriton(url=f"localhost:{http}")
+        remote.bind("Double", _double, X, Y, config=ModelConfig(max_batch_size=4))
+        remote.connect()
+
+        def serving() -> None:
+            try:
+                remote.serve(monitoring_period_s=0.2)
+            except BaseException as error:
+                outcome.put(error)
+            else:
+                outcome.put(None)
+
+        thread = threading.Thread(target=serving)
+        thread.start()
+        server.send_signal(signal.SIGINT)
+        server.wait(60)
+        thread.join(60)
+    ended = outcome.get_nowait()
+    assert isinstance(ended, PyTritonRuntimeError), ended
+    assert str(ended) == (
+        f"The Triton() at http://localhost:{http} that this RemoteTriton bound to has stopped, and its models"
+        " with it"
+    )
 
 
 def test_the_remote_mode_example_serves_over_http_and_grpc() -> None:

@@ -57,6 +57,8 @@ class RemoteServing(Serving):
             debug=os.environ.get("KUBETRITON_DEBUG") == "1",
         )
         self._access_token = access_token
+        self._published: PublishedServer | None = None
+        """The local `Triton()` bound to, where it is one."""
 
     def _start_triton(self) -> None:
         self._control = TritonControl(self._url, access_token=self._access_token)
@@ -74,6 +76,7 @@ class RemoteServing(Serving):
             self._attach(Path(os.environ.get(podenv.ENV_SHM_DIR, podenv.SHM_MOUNT)))
             return
         LOGGER.info("Binding to the Triton() of this user at %s", self._url)
+        self._published = local
         self._model_repository = Path(local.model_repository)
         self._runtime = Path(local.runtime)
         self._control.access_token = local.access_token
@@ -92,6 +95,15 @@ class RemoteServing(Serving):
             time.sleep(PUBLISHED_POLL_S)
             local = find_published(self._endpoint)
         return local
+
+    def _check_triton(self) -> None:
+        """A local `Triton()` that stopped takes its server along for good (one started again has another
+        workspace and tokens): serve() ends with an error, where it would serve nothing."""
+        if self._published is not None and find_published(self._endpoint) != self._published:
+            raise PyTritonRuntimeError(
+                f"The Triton() at {self._url} that this RemoteTriton bound to has stopped, and its models"
+                " with it"
+            )
 
     def _bootstrapped(self) -> bool:
         return (self._workspace / podenv.REPOSITORY_TOKEN_FILE).is_file()
