@@ -225,17 +225,24 @@ class TritonServing(Serving):
             # After an unrecoverable error the model cannot answer: Triton need not keep its clients'
             # connections open for its exit timeout.
             self._server.stop(None if self._fatal is None else UNRECOVERABLE_STOP_S)
-            abandoned = sum(worker.in_flight for worker in self._workers.values())
-            if abandoned and self._fatal is None:
-                LOGGER.warning(
-                    "%d request(s) were still in the callable when Triton stopped at the end of its exit"
-                    " timeout; their clients got an error (TritonConfig(exit_timeout_secs=...) waits longer)",
-                    abandoned,
-                )
+            self._report_abandoned(
+                "when Triton stopped at the end of its exit timeout (TritonConfig(exit_timeout_secs=...)"
+                " waits longer)"
+            )
         elif self._pod is not None:
             self._drain()
         else:  # hosted: the supervisor stops Triton, which finishes what it passed on to this process
             self._wait_until_idle(LEAVE_DRAIN_S)
+            self._report_abandoned(f"after {LEAVE_DRAIN_S:g} s of drain, as this process stops")
+
+    def _report_abandoned(self, when: str) -> None:
+        """Say how many requests a stop left unanswered in the callable (not after an unrecoverable error,
+        which fails them on purpose)."""
+        abandoned = sum(worker.in_flight for worker in self._workers.values())
+        if abandoned and self._fatal is None:
+            LOGGER.warning(
+                "%d request(s) were still in the callable %s; their clients got an error", abandoned, when
+            )
 
     def _release(self) -> None:
         if self._health is not None:
