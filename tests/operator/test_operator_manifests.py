@@ -71,9 +71,11 @@ def test_rbac_grants_only_what_the_operator_uses() -> None:
     }
     assert grants[("", "pods")] == {"list", "watch"}
     assert grants[("", "events")] == {"list", "watch", "create", "patch"}  # read: pods' warnings
-    # every child is deleted once its model no longer wants it: a router's Deployment and ConfigMap too
-    assert grants[("apps", "deployments")] == {"list", "watch", "create", "patch", "delete"}
-    assert grants[("", "configmaps")] == {"list", "watch", "create", "patch", "delete"}
+    # every child is deleted once its model no longer wants it: a router's Deployment and ConfigMap too;
+    # and read before the model's first apply, so that an object of its name that is not the model's is
+    # not taken over
+    assert grants[("apps", "deployments")] == {"get", "list", "watch", "create", "patch", "delete"}
+    assert grants[("", "configmaps")] == {"get", "list", "watch", "create", "patch", "delete"}
     assert grants[("kubetriton.dev", "pytritonmodels/status")] == {"get", "patch"}
     assert all("*" not in verbs and "update" not in verbs for verbs in grants.values())
     assert ("", "secrets") not in grants

@@ -2,7 +2,8 @@
 
 Each rule names only the verbs the operator uses. Server-side apply needs `create` and `patch`;
 kopf needs `list` and `watch` on what it watches or indexes (the models, every kind of child, so
-that a deleted child is put back, and the pods). The models themselves are never written, only
+that a deleted child is put back, and the pods). A child is read (`get`) before the model's first apply:
+an object of its name that is not the model's is not taken over. The models themselves are never written, only
 their status. Events are read as well as written: the Warnings about a model's pods (a volume that
 cannot be mounted, a failing probe) are what its status names as the cause of a stuck model.
 Children the spec may stop wanting are also deleted (any kind: a router has a Deployment, a Service
@@ -33,7 +34,7 @@ RULES: list[dict[str, list[str]]] = [
         {
             "apiGroups": [kind.group],
             "resources": [kind.plural],
-            "verbs": [*WATCH, "create", "patch", "delete"],
+            "verbs": ["get", *WATCH, "create", "patch", "delete"],
         }
         for kind in children.CHILD_KINDS
     ),
