@@ -515,6 +515,7 @@ def test_worker_gets_the_contract_environment_last() -> None:
             {"limits": {"memory": "1Gi"}},
             {"limits": {"memory": "1Gi", "nvidia.com/mig-1g.10gb": 2}},
         ),
+        ({"count": 1, "resourceName": "nvidia.com/gpu.shared"}, {}, {"limits": {"nvidia.com/gpu.shared": 1}}),
     ],
 )
 def test_worker_requests_the_gpus(gpus: dict[str, Any], resources: dict[str, Any], expected: Any) -> None:

@@ -121,6 +121,20 @@ RULE_CASES = [
     ("whole GPUs", _with(spec__gpus={"count": 2}), None, None),
     ("MIG slice", _with(spec__gpus={"count": 1, "resourceName": "nvidia.com/mig-1g.10gb"}), None, None),
     (
+        "a GPU the device plugin shares under its own name",
+        _with(spec__gpus={"count": 1, "resourceName": "nvidia.com/gpu.shared"}),
+        None,
+        None,
+    ),
+    (
+        "a shared GPU's limit beside whole GPUs",
+        _with(
+            spec__worker=_worker(resources={"limits": {"nvidia.com/gpu.shared": 1}}), spec__gpus={"count": 1}
+        ),
+        "spec.worker.resources.limits",
+        spec.GPU_LIMITS_AGREE,
+    ),
+    (
         "another vendor's GPU",
         _with(spec__gpus={"count": 1, "resourceName": "amd.com/gpu"}),
         "spec.gpus.resourceName",

@@ -37,7 +37,9 @@ SHORT_NAME = "ptm"
 
 GPU_RESOURCE_PREFIX = "nvidia.com/"
 GPU_RESOURCE = f"{GPU_RESOURCE_PREFIX}gpu"
-GPU_RESOURCE_PATTERN = r"^nvidia[.]com/(gpu|mig-[1-7]g[.][0-9]+gb)$"
+SHARED_GPU_RESOURCE = f"{GPU_RESOURCE}.shared"
+"""What the NVIDIA device plugin calls a GPU it shares (time-slicing or MPS) when told to rename it."""
+GPU_RESOURCE_PATTERN = r"^nvidia[.]com/(gpu|gpu[.]shared|mig-[1-7]g[.][0-9]+gb)$"
 MODEL_NAME_MAX_LENGTH = 128
 OBJECT_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 OBJECT_NAME_MAX_LENGTH = 63
@@ -164,7 +166,8 @@ POSITIVE_TARGET = _cel(
 to an integer."""
 GPU_RESOURCE_NAME = _cel(
     f"self.matches('{GPU_RESOURCE_PATTERN}')",
-    "must be nvidia.com/gpu or a MIG resource such as nvidia.com/mig-1g.10gb",
+    "must be nvidia.com/gpu, nvidia.com/gpu.shared (a GPU the device plugin shares, renamed) or a MIG"
+    " resource such as nvidia.com/mig-1g.10gb",
 )
 MODEL_NAMES = _cel(
     f"self.all(m, m.matches('{podenv.MODEL_NAME_PATTERN}'))",
@@ -184,7 +187,8 @@ def _gpus_agree(part: str) -> dict[str, str]:
     amounts = f"self.worker.resources.{part}"
     return _cel(
         f"!has(self.worker.resources) || !has({amounts}) || {amounts}.all(r,"
-        f" !(r == '{GPU_RESOURCE}' || r.startsWith('{GPU_RESOURCE_PREFIX}mig-'))"
+        f" !(r == '{GPU_RESOURCE}' || r == '{SHARED_GPU_RESOURCE}'"
+        f" || r.startsWith('{GPU_RESOURCE_PREFIX}mig-'))"
         f" || (r == self.gpus.resourceName && string({amounts}[r]) == string(self.gpus.count)))",
         f"a GPU resource in worker.resources.{part} must be gpus.resourceName with gpus.count:"
         " set GPUs with spec.gpus (the operator adds the limit), or leave them out here",
@@ -535,7 +539,8 @@ class GpuSpec(_Model):
     resource_name: Annotated[
         str, Field(max_length=253, json_schema_extra={"x-kubernetes-validations": [GPU_RESOURCE_NAME]})
     ] = GPU_RESOURCE
-    """`nvidia.com/gpu`, or a MIG resource such as `nvidia.com/mig-1g.10gb`."""
+    """`nvidia.com/gpu`; `nvidia.com/gpu.shared`, the units of a GPU that the device plugin shares by
+    time-slicing or MPS under a name of their own; or a MIG resource such as `nvidia.com/mig-1g.10gb`."""
 
     @field_validator("resource_name")
     @classmethod
@@ -837,7 +842,9 @@ class PyTritonModelSpec(_Model):
     def _gpu_resources_agree(self) -> PyTritonModelSpec:
         for part, rule in (("limits", GPU_LIMITS_AGREE), ("requests", GPU_REQUESTS_AGREE)):
             for name, amount in self.worker.resources.get(part, {}).items():
-                is_gpu = name == GPU_RESOURCE or name.startswith(f"{GPU_RESOURCE_PREFIX}mig-")
+                is_gpu = name in (GPU_RESOURCE, SHARED_GPU_RESOURCE) or name.startswith(
+                    f"{GPU_RESOURCE_PREFIX}mig-"
+                )
                 if is_gpu and (name != self.gpus.resource_name or str(amount) != str(self.gpus.count)):
                     raise ValueError(rule["message"])
         return self
