@@ -485,24 +485,31 @@ def test_stream_larger_than_the_response_arena(server):
         assert np.all(block == i)
 
 
-@pytest.mark.parametrize("model", ["endless", "async_endless"])
-def test_cancelled_stream_closes_the_generator(server, model):
-    ENDLESS.clear()
+def cancel_after(server, model: str, items: int, closed: dict[str, Any], wait_s: float) -> float:
+    """Stream from `model` over gRPC, cancel after `items` responses, and wait up to `wait_s` for the
+    generator to record in `closed` that it was closed; when the cancel was sent."""
     events: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server["grpc"])
     try:
         client.start_stream(callback=lambda result, error: events.put((result, error)))
         arrays = {"n": np.array([0], np.int32), "fail_at": np.array([-1], np.int32)}
         client.async_stream_infer(model, _inputs(grpcclient, arrays))
-        for _ in range(2):
-            _, error = events.get(timeout=STREAM_TIMEOUT_S)
-            assert error is None
+        for _ in range(items):
+            assert events.get(timeout=STREAM_TIMEOUT_S)[1] is None
+        cancelled = time.monotonic()
     finally:
         client.stop_stream(cancel_requests=True)
         client.close()
-    deadline = time.monotonic() + 5
-    while not ENDLESS.get("closed") and time.monotonic() < deadline:
+    deadline = time.monotonic() + wait_s
+    while "closed" not in closed and time.monotonic() < deadline:
         time.sleep(0.02)
+    return cancelled
+
+
+@pytest.mark.parametrize("model", ["endless", "async_endless"])
+def test_cancelled_stream_closes_the_generator(server, model):
+    ENDLESS.clear()
+    cancel_after(server, model, 2, ENDLESS, 5)
     assert ENDLESS.get("closed"), "the generator still runs after its client cancelled"
     assert ENDLESS["made"] < 200
     assert stream_once(server, "stream", 2) == ([0, 1], None)
@@ -512,20 +519,7 @@ def test_a_stream_cancelled_between_two_items_is_not_resumed_for_a_third(server)
     """The client cancels while the generator waits for its next item: once it yields that item, it is
     closed, not resumed to make one more."""
     GAPPED.clear()
-    events: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(server["grpc"])
-    try:
-        client.start_stream(callback=lambda result, error: events.put((result, error)))
-        arrays = {"n": np.array([0], np.int32), "fail_at": np.array([-1], np.int32)}
-        client.async_stream_infer("gapped", _inputs(grpcclient, arrays))
-        assert events.get(timeout=STREAM_TIMEOUT_S)[1] is None
-        cancelled = time.monotonic()
-    finally:
-        client.stop_stream(cancel_requests=True)
-        client.close()
-    deadline = time.monotonic() + 4 * GAP_S
-    while "closed" not in GAPPED and time.monotonic() < deadline:
-        time.sleep(0.02)
+    cancelled = cancel_after(server, "gapped", 1, GAPPED, 4 * GAP_S)
     assert GAPPED.get("made") == 2, "resumed once more after its clients cancelled"
     assert GAPPED["closed"] - cancelled < GAP_S + 1
 
