@@ -40,7 +40,6 @@ GPU_RESOURCE = f"{GPU_RESOURCE_PREFIX}gpu"
 SHARED_GPU_RESOURCE = f"{GPU_RESOURCE}.shared"
 """What the NVIDIA device plugin calls a GPU it shares (time-slicing or MPS) when told to rename it."""
 GPU_RESOURCE_PATTERN = r"^nvidia[.]com/(gpu|gpu[.]shared|mig-[1-7]g[.][0-9]+gb)$"
-MODEL_NAME_MAX_LENGTH = 128
 OBJECT_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 OBJECT_NAME_MAX_LENGTH = 63
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
@@ -746,7 +745,7 @@ class PyTritonModelSpec(_Model):
     worker: WorkerSpec
     triton: Annotated[TritonSpec, Field(default_factory=TritonSpec, json_schema_extra={"default": {}})]
     models: Annotated[
-        list[Annotated[str, Field(max_length=MODEL_NAME_MAX_LENGTH)]],
+        list[Annotated[str, Field(max_length=podenv.MODEL_NAME_MAX_LENGTH)]],
         Field(
             min_length=1,
             max_length=64,
