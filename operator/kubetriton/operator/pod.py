@@ -29,8 +29,13 @@ _TOKEN_VARIABLES = {"\x00repository-token\x00": "token", "\x00access-token\x00":
 _REPOSITORY_TOKEN, _ACCESS_TOKEN = _TOKEN_VARIABLES
 
 
-def _restricted_security_context() -> dict[str, Any]:
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+def _restricted_security_context(*, read_only_root: bool = False) -> dict[str, Any]:
+    """The worker runs the user's image, which may write where it likes (caches, weights); the bootstrap
+    step and the Triton sidecar write only into the workspace and /dev/shm volumes."""
+    context: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    if read_only_root:
+        context["readOnlyRootFilesystem"] = True
+    return context
 
 
 def _workspace_mount() -> dict[str, str]:
@@ -119,7 +124,7 @@ def _bootstrap_container(spec: PyTritonModelSpec) -> dict[str, Any]:
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [_workspace_mount()],
-        "securityContext": _restricted_security_context(),
+        "securityContext": _restricted_security_context(read_only_root=True),
     }
     if spec.worker.image_pull_policy and image == spec.worker.image:
         container["imagePullPolicy"] = spec.worker.image_pull_policy
@@ -154,7 +159,7 @@ def _triton_container(spec: PyTritonModelSpec) -> dict[str, Any]:
         "startupProbe": _http_probe("/v2/health/live", podenv.HTTP_PORT, period=2, failures=150),
         "livenessProbe": _http_probe("/v2/health/live", podenv.HTTP_PORT, period=10, failures=3),
         "volumeMounts": [_workspace_mount(), _shm_mount()],
-        "securityContext": _restricted_security_context(),
+        "securityContext": _restricted_security_context(read_only_root=True),
     }
     if spec.triton.resources:
         container["resources"] = spec.triton.resources
