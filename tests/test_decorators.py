@@ -487,7 +487,6 @@ def test_group_by_values_awaits_coroutine_groups() -> None:
 @pytest.mark.parametrize(
     ("build", "error", "message"),
     [
-        (lambda: group_by_values(), PyTritonBadParameterError, "needs the names"),
         (lambda: group_by_values("triton_context"), PyTritonBadParameterError, "names the context"),
         (lambda: group_by_values(3), PyTritonBadParameterError, "must be strings"),
     ],
@@ -495,6 +494,29 @@ def test_group_by_values_awaits_coroutine_groups() -> None:
 def test_group_by_values_rejects_bad_keys(build: Any, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         build()
+
+
+def test_group_by_values_and_first_value_without_keys_change_nothing() -> None:
+    calls: list[int] = []
+
+    @group_by_values()
+    @first_value()
+    def infer(x: np.ndarray) -> dict[str, np.ndarray]:
+        calls.append(len(x))
+        return {"y": x * 2}
+
+    assert infer(x=frozen([[1], [2], [3]]))["y"].tolist() == [[2], [4], [6]]
+    assert calls == [3], "one group, the inputs as they came"
+
+
+def test_group_by_values_refuses_an_output_that_some_groups_do_not_return() -> None:
+    @group_by_values("p")
+    def infer(x: np.ndarray, p: np.ndarray) -> dict[str, np.ndarray]:
+        return {"y": x, "z": x * 10} if p[0, 0] == 2 else {"y": x}
+
+    for order in ([[1], [2]], [[2], [1]]):
+        with pytest.raises(PyTritonValidationError, match="'z' is returned for some groups only"):
+            infer(x=frozen([[1.0], [2.0]]), p=frozen(order))
 
 
 def test_group_by_values_rejects_misuse_at_call_time() -> None:
@@ -619,6 +641,17 @@ def test_pad_batch_repeats_the_last_sample_up_to_the_nearest_batch_size(
     assert [row for rows_out in values(responses, "y") for row in rows_out] == [row * 10 for row in rows]
 
 
+def test_pad_batch_without_the_dynamic_batcher_pads_to_the_max_batch_size() -> None:
+    @batch
+    @pad_batch
+    def infer(x: np.ndarray) -> dict[str, np.ndarray]:
+        assert x.tolist() == [1, 2, 2, 2, 2, 2, 2, 2]
+        return {"y": x * 10}
+
+    with use_triton_context(context("y", max_batch_size=8, batcher=None)):
+        assert values(infer([request(x=[1, 2])]), "y") == [[10, 20]]
+
+
 def test_pad_batch_hands_a_full_batch_through_and_trims_streamed_outputs() -> None:
     x = frozen([1, 2])
 
@@ -715,9 +748,8 @@ def test_first_value_rejects_unequal_values_and_bad_keys() -> None:
         pytest.raises(PyTritonRuntimeError, match="batching"),
     ):
         infer(x=frozen([1]), t=frozen([1]))
-    for keys in [(), ("triton_context",)]:
-        with pytest.raises(PyTritonBadParameterError):
-            first_value(*keys)
+    with pytest.raises(PyTritonBadParameterError, match="names the context"):
+        first_value("triton_context")
 
 
 # --- @triton_context and composition --------------------------------------------------------------

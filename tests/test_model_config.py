@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from kubetriton.model_repository import ModelSpec, render_config
-from pytriton.exceptions import PyTritonModelConfigError
+from pytriton.exceptions import PyTritonBadParameterError, PyTritonModelConfigError, PyTritonValidationError
 from pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor, TimeoutAction
 from pytriton.triton import Triton, TritonConfig
 
@@ -51,6 +51,16 @@ CONFIGS = {
     "no_batching": ModelConfig(batching=False),
     "decoupled": ModelConfig(decoupled=True),
     "cached": ModelConfig(response_cache=True),
+    # PyTriton takes whole numbers written as floats, and numpy's, for its counts and durations
+    "whole_floats": ModelConfig(
+        max_batch_size=8.0,
+        batcher=DynamicBatcher(
+            max_queue_delay_microseconds=1e4,
+            preferred_batch_size=np.array([2.0, 4.0]),
+            default_queue_policy=QueuePolicy(default_timeout_microseconds=1e3, max_queue_size=np.int64(5)),
+        ),
+    ),
+    "no_batcher": ModelConfig(batcher=None),
 }
 
 
@@ -110,6 +120,9 @@ def test_decoupled_cache_instances_and_tensors_render():
     assert 'parameters { key: "k" value { string_value: "a\\"b" } }' in text
 
 
+ODD_NAME = 'x "quoted" \\ name'
+
+
 @pytest.fixture(scope="module")
 def loaded() -> Iterator[dict[str, Any]]:
     http, grpc, metrics = free_ports(3)
@@ -117,6 +130,8 @@ def loaded() -> Iterator[dict[str, Any]]:
         for name, config in CONFIGS.items():
             triton.bind(name, identity, X, Y, config=config)
         triton.bind("parameters", parameters_as_text, X, [Tensor(name="y", shape=(1,), dtype=bytes)])
+        odd_input = (Tensor(name=ODD_NAME, shape=(-1,), dtype=">f4"),)
+        triton.bind("odd_names", lambda requests: [{"y": r[ODD_NAME] * 2} for r in requests], odd_input, Y)
         configs = {}
         for name in CONFIGS:
             with urllib.request.urlopen(f"http://localhost:{http}/v2/models/{name}/config") as response:
@@ -161,6 +176,103 @@ def test_batching_off_as_triton_reads_it(loaded):
     config = loaded["configs"]["no_batching"]
     assert config["max_batch_size"] == 0
     assert "dynamic_batching" not in config
+
+
+def test_whole_numbers_given_as_floats_as_triton_reads_them(loaded):
+    config = loaded["configs"]["whole_floats"]
+    assert config["max_batch_size"] == 8
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 10000
+    assert config["dynamic_batching"]["preferred_batch_size"] == [2, 4]
+    assert config["dynamic_batching"]["default_queue_policy"]["default_timeout_microseconds"] == 1000
+    assert config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 5
+
+
+def test_no_batcher_batches_without_the_dynamic_batcher(loaded):
+    config = loaded["configs"]["no_batcher"]
+    assert config["max_batch_size"] == 4
+    assert "dynamic_batching" not in config
+
+
+BAD_CONFIGS = {
+    "fraction": (ModelConfig(batcher=DynamicBatcher(max_queue_delay_microseconds=1.5)), "whole number"),
+    "negative": (ModelConfig(batcher=DynamicBatcher(max_queue_delay_microseconds=-1)), "at least 0"),
+    "bool": (ModelConfig(max_batch_size=True), "whole number"),
+    "zero_preferred": (ModelConfig(batcher=DynamicBatcher(preferred_batch_size=[0])), "at least 1"),
+    "default_above_levels": (
+        ModelConfig(batcher=DynamicBatcher(priority_levels=2, default_priority_level=3)),
+        "between 1 and 2",
+    ),
+    "levels_without_default": (ModelConfig(batcher=DynamicBatcher(priority_levels=2)), "between 1 and 2"),
+    "default_without_levels": (
+        ModelConfig(batcher=DynamicBatcher(default_priority_level=1)),
+        "needs batcher.priority_levels",
+    ),
+    "policy_without_levels": (
+        ModelConfig(batcher=DynamicBatcher(priority_queue_policy={1: QueuePolicy()})),
+        "priority_levels is not set",
+    ),
+    "policy_above_levels": (
+        ModelConfig(
+            batcher=DynamicBatcher(
+                priority_levels=2, default_priority_level=1, priority_queue_policy={3: QueuePolicy()}
+            )
+        ),
+        "the levels are 1 to 2",
+    ),
+    "policy_level_zero": (
+        ModelConfig(
+            batcher=DynamicBatcher(
+                priority_levels=2, default_priority_level=1, priority_queue_policy={0: QueuePolicy()}
+            )
+        ),
+        "level 0",
+    ),
+    "timeout_action": (
+        ModelConfig(batcher=DynamicBatcher(default_queue_policy=QueuePolicy(timeout_action="DROP"))),
+        "TimeoutAction",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD_CONFIGS)
+def test_model_config_is_checked_at_bind(name):
+    config, message = BAD_CONFIGS[name]
+    triton = Triton()
+    try:
+        with pytest.raises(PyTritonBadParameterError, match=message):
+            triton.bind("m", identity, X, Y, config=config)
+    finally:
+        triton.stop()
+
+
+def test_an_optional_output_is_refused_at_bind():
+    triton = Triton()
+    try:
+        with pytest.raises(PyTritonValidationError, match="output tensors cannot be optional"):
+            triton.bind("m", identity, X, [Tensor(name="y", shape=(-1,), dtype=np.float32, optional=True)])
+    finally:
+        triton.stop()
+
+
+def test_tensor_names_are_escaped_and_byte_order_is_not_a_type():
+    inputs = (Tensor(name='a"b\\c\nd', shape=(-1,), dtype=">f4"),)
+    text = render_config(spec(ModelConfig(), inputs), {})
+    assert '{ name: "a\\"b\\\\c\\012d" data_type: TYPE_FP32 dims: [ -1 ] }' in text
+    with pytest.raises(ValueError, match="no Triton equivalent"):
+        Tensor(name="x", shape=(1,), dtype=np.longdouble)
+
+
+def test_a_tensor_name_with_quotes_and_backslashes_serves(loaded):
+    client = httpclient.InferenceServerClient(loaded["http"])
+    try:
+        tensor = httpclient.InferInput(ODD_NAME, [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.array([[1.5, 2.5]], np.float32))
+        result = client.infer("odd_names", [tensor])
+        metadata = client.get_model_metadata("odd_names")
+    finally:
+        client.close()
+    assert result.as_numpy("y").tolist() == [[3.0, 5.0]]
+    assert metadata["inputs"] == [{"name": ODD_NAME, "datatype": "FP32", "shape": [-1, -1]}]
 
 
 def test_decoupled_and_cache_as_triton_reads_them(loaded):

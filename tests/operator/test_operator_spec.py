@@ -149,7 +149,14 @@ RULE_CASES = [
     (
         "model names as Triton and bind() take them",
         _with(
-            spec__models=["ESM1", "my-model", "add_sub", "resnet50.onnx", "M" * podenv.MODEL_NAME_MAX_LENGTH]
+            spec__models=[
+                "ESM1",
+                "my-model",
+                "add_sub",
+                "_private",
+                "resnet50.onnx",
+                "M" * podenv.MODEL_NAME_MAX_LENGTH,
+            ]
         ),
         None,
         None,

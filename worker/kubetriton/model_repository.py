@@ -8,14 +8,18 @@ Warm-up samples are not written as Triton's `model_warmup`: the worker runs them
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from pytriton.exceptions import PyTritonBadParameterError
 from pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor
+from pytriton.model_config.common import TimeoutAction
 
 from kubetriton import podenv
 from kubetriton.warmup import WarmupSample
@@ -58,7 +62,7 @@ def check_model_name(name: str) -> None:
     if not isinstance(name, str) or not MODEL_NAME_PATTERN.fullmatch(name):
         raise ValueError(
             f"Invalid model name {name!r}: use 1-128 letters, digits, '_', '.' or '-', "
-            "starting with a letter or digit"
+            "starting with a letter, digit or '_'"
         )
 
 
@@ -77,6 +81,93 @@ def name_tensors(tensors: Sequence[Tensor], prefix: str) -> tuple[Tensor, ...]:
     if duplicates:
         raise ValueError(f"Duplicate {prefix.lower()} tensor names: {', '.join(duplicates)}")
     return named
+
+
+def checked_config(model_name: str, config: ModelConfig) -> ModelConfig:
+    """A copy of `config` with every count and duration a whole number (PyTriton takes `1e4` for 10000), or
+    PyTritonBadParameterError for what Triton would refuse at load time, or ignore without a word."""
+
+    def whole(value: Any, field: str, minimum: int = 0) -> int:
+        integral = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+        if integral or (isinstance(value, (float, np.floating)) and float(value).is_integer()):
+            number = int(value)
+        else:
+            raise PyTritonBadParameterError(
+                f"Model '{model_name}': {field} must be a whole number, not {value!r}"
+            )
+        if number < minimum:
+            raise PyTritonBadParameterError(
+                f"Model '{model_name}': {field} must be at least {minimum}, not {number}"
+            )
+        return number
+
+    def policy(queue: QueuePolicy, field: str) -> QueuePolicy:
+        try:
+            action = TimeoutAction(queue.timeout_action)
+        except ValueError:
+            raise PyTritonBadParameterError(
+                f"Model '{model_name}': {field}.timeout_action must be a TimeoutAction, "
+                f"not {queue.timeout_action!r}"
+            ) from None
+        return dataclasses.replace(
+            queue,
+            timeout_action=action,
+            default_timeout_microseconds=whole(
+                queue.default_timeout_microseconds, f"{field}.default_timeout_microseconds"
+            ),
+            max_queue_size=whole(queue.max_queue_size, f"{field}.max_queue_size"),
+        )
+
+    max_batch_size = whole(config.max_batch_size, "max_batch_size")
+    if config.batching and max_batch_size < 1:
+        raise PyTritonBadParameterError(
+            f"Model '{model_name}': max_batch_size must be at least 1 when batching is on "
+            "(use batching=False)"
+        )
+    batcher = config.batcher
+    if batcher is not None:
+        levels = whole(batcher.priority_levels, "batcher.priority_levels")
+        default_level = whole(batcher.default_priority_level, "batcher.default_priority_level")
+        if levels and not 1 <= default_level <= levels:
+            raise PyTritonBadParameterError(
+                f"Model '{model_name}': batcher.default_priority_level must be between 1 and {levels} "
+                f"(priority_levels), not {default_level}"
+            )
+        if not levels and default_level:
+            raise PyTritonBadParameterError(
+                f"Model '{model_name}': batcher.default_priority_level needs batcher.priority_levels"
+            )
+        policies = {}
+        for level, queue in (batcher.priority_queue_policy or {}).items():
+            level = whole(level, "a batcher.priority_queue_policy level")
+            if not 1 <= level <= levels:
+                raise PyTritonBadParameterError(
+                    f"Model '{model_name}': batcher.priority_queue_policy has level {level}, "
+                    + (
+                        f"but the levels are 1 to {levels}"
+                        if levels
+                        else "but batcher.priority_levels is not set"
+                    )
+                )
+            policies[level] = policy(queue, f"batcher.priority_queue_policy[{level}]")
+        batcher = dataclasses.replace(
+            batcher,
+            max_queue_delay_microseconds=whole(
+                batcher.max_queue_delay_microseconds, "batcher.max_queue_delay_microseconds"
+            ),
+            preferred_batch_size=[
+                whole(size, "each of batcher.preferred_batch_size", minimum=1)
+                for size in (() if batcher.preferred_batch_size is None else batcher.preferred_batch_size)
+            ]
+            or None,
+            priority_levels=levels,
+            default_priority_level=default_level,
+            default_queue_policy=policy(batcher.default_queue_policy, "batcher.default_queue_policy")
+            if batcher.default_queue_policy
+            else None,
+            priority_queue_policy=policies or None,
+        )
+    return dataclasses.replace(config, max_batch_size=max_batch_size, batcher=batcher)
 
 
 @dataclass(frozen=True)
@@ -101,7 +192,7 @@ class ModelSpec:
 def render_config(spec: ModelSpec, parameters: Mapping[str, str]) -> str:
     """The model's `config.pbtxt` in protobuf text format."""
     lines = [f'name: "{spec.name}"', 'backend: "python"', f"max_batch_size: {spec.max_batch_size}"]
-    if spec.config.batching:
+    if spec.config.batching and spec.config.batcher is not None:
         lines += _render_batcher(spec.config.batcher)
     if spec.config.decoupled:
         lines.append("model_transaction_policy { decoupled: true }")
@@ -121,7 +212,7 @@ def render_config(spec: ModelSpec, parameters: Mapping[str, str]) -> str:
 
 def _render_tensor(tensor: Tensor, *, optional: bool) -> str:
     dims = ", ".join(str(dim) for dim in tensor.shape)
-    text = f'  {{ name: "{tensor.name}" data_type: {_TRITON_DTYPES[tensor.dtype]} dims: [ {dims} ]'
+    text = f'  {{ name: "{_escape(tensor.name)}" data_type: {_TRITON_DTYPES[tensor.dtype]} dims: [ {dims} ]'
     return text + (" optional: true }" if optional else " }")
 
 
@@ -152,7 +243,16 @@ def _render_queue_policy(policy: QueuePolicy) -> str:
 
 
 def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"')
+    """`value` as the inside of a protobuf text-format string: backslashes, quotes and control characters
+    escaped, the rest (UTF-8) as it is."""
+    return "".join(
+        "\\" + char
+        if char in '\\"'
+        else f"\\{ord(char):03o}"
+        if ord(char) < 0x20 or ord(char) == 0x7F
+        else char
+        for char in value
+    )
 
 
 def write_model(repository: Path, spec: ModelSpec, parameters: Mapping[str, str], runtime: Path) -> bool:

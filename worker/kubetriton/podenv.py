@@ -106,10 +106,10 @@ ENV_TRITON_HOST = "KUBETRITON_TRITON_HOST"
 ENV_MODELS = "KUBETRITON_MODELS"
 """Comma-separated model names the worker must bind before it reports ready."""
 MODEL_NAME_MAX_LENGTH = 128
-MODEL_NAME_PATTERN = rf"^[A-Za-z0-9][-A-Za-z0-9_.]{{0,{MODEL_NAME_MAX_LENGTH - 1}}}$"
+MODEL_NAME_PATTERN = rf"^[A-Za-z0-9_][-A-Za-z0-9_.]{{0,{MODEL_NAME_MAX_LENGTH - 1}}}$"
 """A model name that `bind()` accepts and the operator's spec allows: 1-128 letters, digits, '_', '.' or
-'-', starting with a letter or digit (no ',', which ENV_MODELS separates by; a name of the model repository's
-folders, not of Kubernetes objects)."""
+'-', starting with a letter, digit or '_' (no ',', which ENV_MODELS separates by; a name of the model
+repository's folders, not of Kubernetes objects)."""
 ENV_DRAIN_SECONDS = "KUBETRITON_DRAIN_SECONDS"
 ENV_ARENA_BYTES = "KUBETRITON_ARENA_BYTES"
 ENV_HEALTH_PORT = "KUBETRITON_HEALTH_PORT"

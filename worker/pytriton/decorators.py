@@ -323,8 +323,6 @@ def _batched_inputs(kwargs: Mapping[str, Any], decorator: str) -> dict[str, np.n
 
 
 def _check_keys(keys: tuple[str, ...], decorator: str) -> None:
-    if not keys:
-        raise PyTritonBadParameterError(f"@{decorator} needs the names of the inputs it works on")
     for key in keys:
         if not isinstance(key, str):
             raise PyTritonBadParameterError(f"@{decorator} input names must be strings, got {key!r}")
@@ -481,10 +479,15 @@ def _merge_groups(
     groups: list[np.ndarray], results: list[dict[str, Any]], batch_size: int, padded: bool
 ) -> dict[str, np.ndarray]:
     merged = {}
-    for name in results[0]:
+    for name in dict.fromkeys(name for result in results for name in result):
         parts = []
         for indices, result in zip(groups, results, strict=True):
             value = result.get(name)
+            if value is None and name not in result:
+                raise PyTritonValidationError(
+                    f"@group_by_values output '{name}' is returned for some groups only; "
+                    "every group must return the same outputs"
+                )
             if not isinstance(value, np.ndarray):
                 got = "nothing" if value is None else type(value).__name__
                 raise PyTritonValidationError(
@@ -666,7 +669,7 @@ def pad_batch(func: Callable[..., Any]) -> Callable[..., Any]:
                 "@pad_batch needs the batch sizes of a batching model; call it with a model context active"
             )
         size = get_inference_request_batch_size(inputs)
-        preferred = config.batcher.preferred_batch_size or []
+        preferred = (config.batcher.preferred_batch_size if config.batcher else None) or []
         targets = sorted(
             {target for target in preferred if target <= config.max_batch_size} | {config.max_batch_size}
         )

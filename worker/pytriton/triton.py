@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from kubetriton import podenv
-from kubetriton.model_repository import check_model_name, name_tensors
+from kubetriton.model_repository import check_model_name, checked_config, name_tensors
 from kubetriton.remote_serving import RemoteServing
 from kubetriton.serving import Serving
 from kubetriton.triton_serving import TritonServing
 
 from pytriton.client._url import parse_url
-from pytriton.exceptions import PyTritonBadParameterError, PyTritonModelConfigError, PyTritonValidationError
+from pytriton.exceptions import PyTritonModelConfigError, PyTritonValidationError
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.settings import (
     DEFAULT_PROTECTED_ENDPOINTS,
@@ -104,7 +104,11 @@ class _TritonBase:
             raise PyTritonValidationError(
                 f"Model '{model_name}': model_version must be a positive integer, not {model_version!r}"
             )
-        config = config or ModelConfig()
+        if any(tensor.optional for tensor in named_outputs):
+            raise PyTritonValidationError(
+                f"Model '{model_name}': output tensors cannot be optional (a callable returns every output)"
+            )
+        config = checked_config(model_name, config or ModelConfig())
         funcs = list(infer_func) if isinstance(infer_func, (list, tuple)) else [infer_func]
         if not funcs or not all(callable(func) for func in funcs):
             raise PyTritonValidationError(
@@ -114,11 +118,6 @@ class _TritonBase:
             raise PyTritonModelConfigError(
                 f"Model '{model_name}' callable is a generator; "
                 "bind it with ModelConfig(decoupled=True) to stream"
-            )
-        if config.batching and config.max_batch_size < 1:
-            raise PyTritonBadParameterError(
-                f"Model '{model_name}': max_batch_size must be at least 1 when batching is on "
-                "(use batching=False)"
             )
         self._serving.bind(
             model_name,

@@ -170,7 +170,7 @@ GPU_RESOURCE_NAME = _cel(
 )
 MODEL_NAMES = _cel(
     f"self.all(m, m.matches('{podenv.MODEL_NAME_PATTERN}'))",
-    "each model name must be 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit,"
+    "each model name must be 1-128 letters, digits, '_', '.' or '-', starting with a letter, digit or '_',"
     " as bind() requires",
 )
 

@@ -21,9 +21,10 @@ def normalize_dtype(dtype: Any) -> np.dtype:
         raise ValueError(f"{dtype!r} is not a dtype numpy understands") from error
     if resolved.kind in "SUO":
         return np.dtype(object)
-    if resolved.kind not in "biuf":
+    if resolved.kind not in "biuf" or resolved.itemsize > 8:
         raise ValueError(f"dtype {resolved} has no Triton equivalent (use bool, int, uint, float or bytes)")
-    return resolved
+    # Triton's types have no byte order of their own: '>f4' is TYPE_FP32, and arrays arrive in native order
+    return resolved.newbyteorder("=")
 
 
 def shape_fits(shape: tuple[int, ...], declared: tuple[int, ...]) -> bool:
