@@ -548,9 +548,10 @@ def test_volumes_and_mounts() -> None:
     }
     assert mounts == {
         "bootstrap": {"/workspace"},
-        "triton": {"/workspace", "/dev/shm"},
+        "triton": {"/workspace", "/dev/shm", "/tmp"},
         "worker": {"/workspace", "/dev/shm"},
     }
+    assert volumes[podenv.TRITON_TMP_VOLUME] == {"name": podenv.TRITON_TMP_VOLUME, "emptyDir": {}}
 
 
 def test_pod_meets_the_restricted_standard() -> None:
@@ -678,9 +679,10 @@ def test_the_users_pod_settings_reach_the_pod() -> None:
     assert [volume["name"] for volume in pod_spec["volumes"]] == [
         podenv.WORKSPACE_VOLUME,
         podenv.SHM_VOLUME,
+        podenv.TRITON_TMP_VOLUME,
         "weights",
     ]
-    assert pod_spec["volumes"][2] == changes["volumes"][0]
+    assert pod_spec["volumes"][3] == changes["volumes"][0]
     worker = containers["worker"]
     assert worker["volumeMounts"][-1] == {"name": "weights", "mountPath": "/models", "readOnly": True}
     assert worker["envFrom"] == [{"configMapRef": {"name": "settings"}, "prefix": "APP_"}]

@@ -462,6 +462,37 @@ def test_an_ordinary_crash_is_not_blamed_on_the_image() -> None:
     assert ready["reason"] == "CrashLoopBackOff" and "ValueError: bad" in ready["message"]
 
 
+TRITON_ABORTED = """I1129 07:21:16.011991 11 http_server.cc:4713] "Started HTTPService at 0.0.0.0:8000"
+I1129 07:21:18.144129 11 model_lifecycle.cc:472] "loading: Identity:1"
+terminate called after throwing an instance of 'triton::backend::python::PythonBackendException'
+  what():  Failed to create temporary directory for Python environments.
+Signal (6) received.
+ 0# 0x00005631B0CB352D in tritonserver
+19# __clone in /lib/x86_64-linux-gnu/libc.so.6
+
+Aborted
+"""
+TRITON_REFUSED = """I1129 07:21:16.011991 11 http_server.cc:4713] "Started HTTPService at 0.0.0.0:8000"
+E1129 07:21:16.2 11 main.cc:233] "failed to start GRPC service: Unavailable - Socket in use"
+W1129 07:21:16.3 11 server.cc:100] "Waiting for in-flight requests to complete."
+"""
+
+
+@pytest.mark.parametrize(
+    ("output", "said"),
+    [
+        (TRITON_ABORTED, "Failed to create temporary directory for Python environments."),
+        (TRITON_REFUSED, "failed to start GRPC service: Unavailable - Socket in use"),
+    ],
+    ids=["uncaught exception", "error line"],
+)
+def test_a_crashing_triton_says_why_not_how_it_ended(output: str, said: str) -> None:
+    pods = [waiting_pod("triton", "CrashLoopBackOff", last={"exitCode": 134, "message": output}, restarts=4)]
+    ready = status.summarize(MODEL, deployment(ready=0), pods)["conditions"][0]
+    assert ready["reason"] == "CrashLoopBackOff"
+    assert ready["message"].endswith(f"container triton exited with code 134 5 times: {said}")
+
+
 # What the cluster says of a stuck pod, and the cause the status names. Messages are the kubelet's and the
 # scheduler's own words (Kubernetes 1.35).
 

@@ -35,6 +35,10 @@ SHM_MOUNT = "/dev/shm"
 WORKSPACE_VOLUME = "workspace"
 SHM_VOLUME = "dshm"
 """The pod's own volumes, mounted at WORKSPACE_MOUNT and SHM_MOUNT in both containers."""
+TRITON_TMP_VOLUME = "triton-tmp"
+TRITON_TMP_MOUNT = "/tmp"
+"""The Triton sidecar's /tmp, its root filesystem being read-only: the Python backend makes a directory
+there when it starts, and aborts tritonserver when it cannot."""
 SIDECAR_SHM_PREFIX = "kubetriton-sidecar-"
 """The name prefix of the sidecar's Python-backend regions in the pod's /dev/shm. A killed Triton cannot
 remove its regions, so the sidecar removes its predecessor's when it starts."""

@@ -31,7 +31,7 @@ _REPOSITORY_TOKEN, _ACCESS_TOKEN = _TOKEN_VARIABLES
 
 def _restricted_security_context(*, read_only_root: bool = False) -> dict[str, Any]:
     """The worker runs the user's image, which may write where it likes (caches, weights); the bootstrap
-    step and the Triton sidecar write only into the workspace and /dev/shm volumes."""
+    step and the Triton sidecar write only into their volumes (the workspace, /dev/shm, Triton's /tmp)."""
     context: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
     if read_only_root:
         context["readOnlyRootFilesystem"] = True
@@ -158,7 +158,12 @@ def _triton_container(spec: PyTritonModelSpec) -> dict[str, Any]:
         ],
         "startupProbe": _http_probe("/v2/health/live", podenv.HTTP_PORT, period=2, failures=150),
         "livenessProbe": _http_probe("/v2/health/live", podenv.HTTP_PORT, period=10, failures=3),
-        "volumeMounts": [_workspace_mount(), _shm_mount()],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            _workspace_mount(),
+            _shm_mount(),
+            {"name": podenv.TRITON_TMP_VOLUME, "mountPath": podenv.TRITON_TMP_MOUNT},
+        ],
         "securityContext": _restricted_security_context(read_only_root=True),
     }
     if spec.triton.resources:
@@ -265,6 +270,7 @@ def pod_template(model: PyTritonModel) -> dict[str, Any]:
                 "name": podenv.SHM_VOLUME,
                 "emptyDir": {"medium": "Memory", "sizeLimit": spec.shared_memory_limit},
             },
+            {"name": podenv.TRITON_TMP_VOLUME, "emptyDir": {}},
             *_script_volume(spec),
             *(volume.model_dump() for volume in spec.volumes),
         ],

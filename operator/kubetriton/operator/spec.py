@@ -79,7 +79,12 @@ KEYED_BY_NAME = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": 
 and server-side apply merges such lists item by item."""
 DEFAULT_STARTUP_SECONDS = 1200
 """How long a worker may take to start serving its health endpoint before Kubernetes restarts it."""
-RESERVED_VOLUMES = (podenv.WORKSPACE_VOLUME, podenv.SHM_VOLUME, podenv.SCRIPT_VOLUME)
+RESERVED_VOLUMES = (
+    podenv.WORKSPACE_VOLUME,
+    podenv.SHM_VOLUME,
+    podenv.TRITON_TMP_VOLUME,
+    podenv.SCRIPT_VOLUME,
+)
 RESERVED_MOUNT_PATHS = (podenv.WORKSPACE_MOUNT, podenv.SHM_MOUNT, podenv.SCRIPT_MOUNT)
 CONFIG_MAP_KEY_PATTERN = r"^[.]?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
 """A ConfigMap key as Kubernetes allows one: letters, digits, '-', '_' and '.', but not '.' or '..' or a

@@ -214,6 +214,21 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+_CXX_EXCEPTION = re.compile(r"^\s*what\(\):\s*(.+)$", re.M)
+_GLOG_ERROR = re.compile(r"^E\d{4} [\d:.]+ +\d+ [^\]]*\] (.+)$", re.M)
+"""An uncaught C++ exception's text, and an error line of Triton's log (`E1129 07:21:18.1 11 x.cc:42]`)."""
+
+
+def why_it_exited(text: str) -> str:
+    """The line of a crashed container's last output that says why: tritonserver's uncaught exception, else
+    its last error line (its output ends with a stack trace and "Aborted"), else the last line."""
+    for pattern in (_CXX_EXCEPTION, _GLOG_ERROR):
+        found = pattern.findall(text)
+        if found:
+            return found[-1].strip().strip('"')
+    return last_line(text)
+
+
 def _exits(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The container's exits that its status still tells: the current one, then the previous."""
     states = (container.get("state") or {}, container.get("lastState") or {})
@@ -299,7 +314,7 @@ def _container_problem(
         return killed
     if reason == CRASH_LOOP:
         restarts = container.get("restartCount", 0)
-        said = last_line(last_exit.get("message", "")) or last_exit.get("reason") or detail
+        said = why_it_exited(last_exit.get("message", "")) or last_exit.get("reason") or detail
         exit_code = f" with code {last_exit['exitCode']}" if "exitCode" in last_exit else ""
         return Diagnosis(
             CRASH_LOOP,
