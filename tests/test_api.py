@@ -176,6 +176,14 @@ def ignores_the_request_shape(requests):
     return responses
 
 
+def returns_numbers(requests):
+    """One and a half, as a number for a BYTES output: x[0, 1] 0 an int32, 1 a float64, 2 a bool."""
+    dtypes = (np.int32, np.float64, bool)
+    return [
+        {"text": (request["x"][:, :1] * 1.5).astype(dtypes[int(request["x"][0, 1])])} for request in requests
+    ]
+
+
 def returns_float64(requests):
     """mode 0: the declared float32; 1: float64; 2: one dimension too many."""
     responses = []
@@ -295,6 +303,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         )
         triton.bind("strict", returns_float64, X, Y, strict=True)
         triton.bind("lenient", returns_float64, X, Y)
+        triton.bind("numbers_as_text", returns_numbers, X, TEXT_OUT)
+        triton.bind("strict_numbers_as_text", returns_numbers, X, TEXT_OUT, strict=True)
         triton.bind("lenient_shapes", ignores_the_request_shape, X, Y)
         triton.bind("extra_output", extra_output, X, Y)
         triton.bind("misbehaves", misbehaves, X, Y)
@@ -580,6 +590,15 @@ def test_non_strict_numeric_outputs_are_cast_to_the_declared_dtype(server):
     result = infer(server, "http", "lenient", {"x": np.ones((1, 2), np.float32)})
     assert result.as_numpy("y").dtype == np.float32
     assert result.get_output("y")["datatype"] == "FP32"
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_non_strict_numbers_for_a_bytes_output_travel_as_their_text(server, protocol):
+    for mode, text in ((0, b"1"), (1, b"1.5"), (2, b"True")):
+        result = infer(server, protocol, "numbers_as_text", {"x": np.array([[1, mode]], np.float32)})
+        assert result.as_numpy("text").tolist() == [[text]], mode
+    with pytest.raises(InferenceServerException, match="output 'text' has dtype int32, declared object"):
+        infer(server, protocol, "strict_numbers_as_text", {"x": np.array([[1, 0]], np.float32)})
 
 
 def test_non_strict_outputs_keep_the_request_batch_size_and_the_declared_rank(server):
