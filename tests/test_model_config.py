@@ -306,3 +306,15 @@ def test_headers_are_not_forwarded_without_a_pattern(loaded):
     finally:
         client.close()
     assert json.loads(result.as_numpy("y")[0][0]) == {"p": 1}
+
+
+def test_model_names_as_bind_takes_them():
+    triton = Triton()
+    try:
+        triton.bind("_private", identity, X, Y)
+        triton.bind("M" * 128, identity, X, Y)
+        for name in ("-m", ".m", "..", "M" * 129, "a,b", "a/b", ""):
+            with pytest.raises(PyTritonValidationError, match="Invalid model name"):
+                triton.bind(name, identity, X, Y)
+    finally:
+        triton.stop()
