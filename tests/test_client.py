@@ -380,6 +380,21 @@ def test_inference_timeout_then_client_still_works(triton: Triton, url: str) -> 
         np.testing.assert_array_equal(client.infer_sample(np.array([-7.0], np.float32))["y"], [-7.0])
 
 
+def test_without_a_config_ensure_model_is_ready_false_still_waits(triton: Triton) -> None:
+    """As in PyTriton: a client must read the model's config, so it waits for the model whatever the flag
+    (a client started beside a server still loading its models waits, it does not fail)."""
+    for client in (
+        ModelClient(HTTP_URL, "absent", ensure_model_is_ready=False, init_timeout_s=0.5),
+        FuturesModelClient(GRPC_URL, "absent", ensure_model_is_ready=False, init_timeout_s=0.5),
+    ):
+        with client:
+            started = time.monotonic()
+            with pytest.raises(PyTritonClientTimeoutError):
+                result = client.infer_sample(_floats(1.0))
+                result.result(timeout=30) if isinstance(client, FuturesModelClient) else result
+            assert time.monotonic() - started >= 0.5
+
+
 @pytest.mark.parametrize("scheme", ["http", "grpc"])
 def test_connection_refused_is_not_a_timeout(triton: Triton, scheme: str) -> None:
     with ModelClient(HTTP_URL if scheme == "http" else GRPC_URL, "double") as known:
@@ -762,9 +777,12 @@ def test_futures_client(triton: Triton, url: str) -> None:
 
 
 def test_futures_client_close_without_waiting(triton: Triton) -> None:
-    client = FuturesModelClient(HTTP_URL, "slow", max_workers=2)
+    """close(wait=False) returns at once; what was submitted still runs, the queued request too (as in
+    PyTriton), and the connections go once it has."""
+    client = FuturesModelClient(HTTP_URL, "slow", max_workers=1)
     client.wait_for_model(30).result(timeout=30)
     running = client.infer_sample(_floats(1.0))
+    queued = client.infer_sample(_floats(2.0))
     while not running.running():
         time.sleep(0.01)
     started = time.monotonic()
@@ -773,7 +791,10 @@ def test_futures_client_close_without_waiting(triton: Triton) -> None:
     with pytest.raises(PyTritonClientClosedError):
         client.infer_sample(_floats(1.0))
     assert running.result(timeout=30)["y"].tolist() == [1.0]
-    time.sleep(0.2)
+    assert queued.result(timeout=30)["y"].tolist() == [2.0]
+    deadline = time.monotonic() + 30
+    while client._clients and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert client._clients == []
 
 
@@ -836,7 +857,7 @@ def test_a_submission_waits_for_room_at_most_the_inference_timeout(triton: Trito
         assert time.monotonic() - started >= 0.3
     finally:
         client.close(wait=False)
-    assert queued.cancelled()
+    assert not queued.cancelled(), "a close without waiting lets the submitted requests run"
 
 
 @pytest.mark.parametrize("limit", ["max_workers", "max_queue_size"])

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from kubetriton import podenv
 from pytriton.client import ModelClient, PyTritonClientInferenceServerError
 from pytriton.client.auth import create_auth_headers
 from pytriton.exceptions import PyTritonModelConfigError, PyTritonValidationError
@@ -147,6 +148,31 @@ def test_config_has_every_pytriton_field_and_takes_keywords_only():
     config = TritonConfig(grpc_server_cert="/certs/server.pem", model_repository="/models")
     assert config.grpc_server_cert == Path("/certs/server.pem") and config.model_repository == Path("/models")
     assert TritonConfig.from_dict(config.to_dict()) == config
+
+
+def test_values_are_taken_as_pytriton_passes_them_to_tritonserver():
+    config = TritonConfig(
+        http_port="8010",
+        log_verbose="1",
+        allow_grpc="false",
+        allow_metrics=0,
+        trace_config=("rate=1", "level=TIMESTAMPS"),
+        exit_timeout_secs=0,
+    )
+    assert (config.http_port, config.log_verbose, config.allow_grpc, config.allow_metrics) == (
+        8010,
+        1,
+        False,
+        False,
+    )
+    assert config.trace_config == ["rate=1", "level=TIMESTAMPS"]
+    assert {"--trace-config=rate=1", "--trace-config=level=TIMESTAMPS"} <= set(config.extra_args())
+    with pytest.raises(PyTritonValidationError, match="allow_http and allow_grpc"):
+        TritonConfig(allow_http=0, allow_grpc=0)
+    with pytest.raises(ValueError, match="not a boolean"):
+        TritonConfig(allow_http="maybe")
+    arguments = podenv.tritonserver_args(model_repository="/m", repository_token="t", exit_timeout_s=0)
+    assert "--exit-timeout-secs=0" in arguments, "0 lets Triton exit at once, as in PyTriton"
 
 
 def test_from_env_reads_each_kind_of_field(monkeypatch, caplog):

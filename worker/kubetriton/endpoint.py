@@ -11,7 +11,7 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 
-_DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "https": 443, "grpcs": 443}
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "https": 443, "grpcs": 443}
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def parse_url(url: str) -> Endpoint:
         text = "http://" + text
     parsed = urllib.parse.urlsplit(text)
     scheme = parsed.scheme.lower()
-    if scheme not in _DEFAULT_PORTS:
+    if scheme not in DEFAULT_PORTS:
         raise ValueError(
             f"Invalid Triton URL {url!r}: scheme {parsed.scheme!r} (use http, https, grpc, grpcs)"
         )
@@ -69,7 +69,7 @@ def parse_url(url: str) -> Endpoint:
     return Endpoint(
         protocol=protocol,
         host=parsed.hostname,
-        port=port if port is not None else _DEFAULT_PORTS[scheme],
+        port=port if port is not None else DEFAULT_PORTS[scheme],
         path=path,
         ssl=scheme.endswith("s"),
     )

@@ -280,7 +280,7 @@ def tritonserver_args(
         "--model-control-mode=explicit",
         "--strict-readiness=true",
         "--disable-auto-complete-config",
-        f"--exit-timeout-secs={max(1, round(exit_timeout_s))}",
+        f"--exit-timeout-secs={max(0, round(exit_timeout_s))}",
         f"--http-port={http_port}",
         f"--grpc-port={grpc_port}",
         "--allow-metrics=true",

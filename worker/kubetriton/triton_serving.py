@@ -342,7 +342,9 @@ class TritonServing(Serving):
             http_port=ports["HTTP"],
             grpc_port=ports["gRPC"],
             metrics_port=ports["metrics"],
-            exit_timeout_s=config.exit_timeout_secs or podenv.DEFAULT_DRAIN_SECONDS,
+            exit_timeout_s=podenv.DEFAULT_DRAIN_SECONDS
+            if config.exit_timeout_secs is None
+            else config.exit_timeout_secs,
             log_verbose=config.log_verbose or 0,
             extra_args=extra_args,
             control_url=control_url,

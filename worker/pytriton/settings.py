@@ -108,10 +108,21 @@ class TritonConfig:
     buffer_manager_thread_count: int | None = None
 
     def __post_init__(self) -> None:
+        """Values as PyTriton passes them on to tritonserver: text for a number or a flag (`"8010"`,
+        `"false"`) is read as `from_env` reads it, 0 and 1 are flags, and a tuple is a list."""
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if value is not None and _field_kind(field.name) is Path and not isinstance(value, Path):
-                setattr(self, field.name, Path(value))
+            value, kind = getattr(self, field.name), _field_kind(field.name)
+            if value is None:
+                continue
+            if isinstance(value, str) and kind in (int, bool):
+                value = _parse_field(field.name, value)
+            elif kind is bool and value in (0, 1):
+                value = bool(value)
+            elif kind is list and isinstance(value, tuple):
+                value = list(value)
+            elif kind is Path and not isinstance(value, Path):
+                value = Path(value)
+            setattr(self, field.name, value)
         if self.allow_http is False and self.allow_grpc is False:
             raise PyTritonValidationError(
                 "TritonConfig: allow_http and allow_grpc cannot both be False; Triton must serve one of them"

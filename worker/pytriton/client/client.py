@@ -101,7 +101,9 @@ class ModelClient(BaseModelClient):
             _protocol.DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else inference_timeout_s
         )
         self._model_config = TritonModelConfig.of(model_config)
-        self._model_ready = not ensure_model_is_ready
+        # as in PyTriton, only a client given the model's config may skip the wait: without it, reading the
+        # config needs the model loaded anyway
+        self._model_ready = self._model_config is not None and not ensure_model_is_ready
         self._access_token = access_token
         self._lock = threading.RLock()
         self._close_lock = threading.Lock()
@@ -629,7 +631,9 @@ class FuturesModelClient(_protocol.ModelAddress):
         self._init_timeout_s = init_timeout_s
         self._inference_timeout_s = inference_timeout_s
         self._model_config = TritonModelConfig.of(model_config)
-        self._model_ready = not ensure_model_is_ready
+        # as in PyTriton, only a client given the model's config may skip the wait: without it, reading the
+        # config needs the model loaded anyway
+        self._model_ready = self._model_config is not None and not ensure_model_is_ready
         self._access_token = access_token
         self._max_workers = max_workers
         self._max_queue_size = max_queue_size
@@ -656,19 +660,19 @@ class FuturesModelClient(_protocol.ModelAddress):
         self.close()
 
     def close(self, wait: bool = True) -> None:
-        """Stop accepting requests; with `wait`, finish the submitted ones first, otherwise cancel those not
-        started yet and release the connections once the running ones end."""
+        """Stop accepting requests; the submitted ones still run, as in PyTriton, and the connections are
+        released once they end: with `wait`, before this returns."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         if wait:
-            self._shutdown(cancel_futures=False)
+            self._shutdown()
         else:
-            threading.Thread(target=self._shutdown, args=(True,), daemon=True).start()
+            threading.Thread(target=self._shutdown, daemon=True).start()
 
-    def _shutdown(self, cancel_futures: bool) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=cancel_futures)
+    def _shutdown(self) -> None:
+        self._executor.shutdown(wait=True)
         with self._lock:
             clients, self._clients = self._clients, []
         for client in clients:

@@ -18,15 +18,22 @@ from typing import Any
 import tritonclient.grpc
 import tritonclient.http
 from grpc import RpcError
+from kubetriton.endpoint import DEFAULT_PORTS
 from tritonclient.utils import InferenceServerException
 
 from pytriton.client._url import parse_url
-from pytriton.client.exceptions import PyTritonClientTimeoutError
+from pytriton.client.exceptions import (
+    PyTritonClientInvalidUrlError,  # noqa: F401 (PyTriton's utils has it)
+    PyTritonClientTimeoutError,
+)
 from pytriton.client.triton_model_config import TritonModelConfig
 from pytriton.client.warnings import NotSupportedTimeoutWarning
 
 _TritonSyncClientType = tritonclient.grpc.InferenceServerClient | tritonclient.http.InferenceServerClient
 
+DEFAULT_HTTP_PORT = DEFAULT_PORTS["http"]
+DEFAULT_GRPC_PORT = DEFAULT_PORTS["grpc"]
+"""The ports a URL without one gets, as in PyTriton."""
 DEFAULT_NETWORK_TIMEOUT_S = 60.0
 DEFAULT_WAIT_FOR_SERVER_READY_TIMEOUT_S = 60.0
 DEFAULT_WAIT_FOR_MODEL_TIMEOUT_S = 300.0
