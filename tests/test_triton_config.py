@@ -524,3 +524,36 @@ def test_verbose_logs_are_warned_about(caplog):
     with caplog.at_level(logging.WARNING, logger="pytriton.triton"), Triton(config=config):
         pass
     assert "logs verbosely" not in caplog.text
+
+
+PLAIN_MODEL = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        inputs = [pb_utils.get_input_tensor_by_name(request, "x").as_numpy() for request in requests]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", x * 3)]) for x in inputs]
+"""
+
+
+@pytest.mark.parametrize("local_model_store", [False, True])
+def test_a_repository_of_the_users_serves_its_own_models_and_keeps_them(tmp_path, local_model_store):
+    """As in PyTriton: the models already in `model_repository` load with Triton, beside the bound ones,
+    and stopping removes the bound ones' folders only."""
+    plain = tmp_path / "plain"
+    (plain / "1").mkdir(parents=True)
+    (plain / "1" / "model.py").write_text(PLAIN_MODEL)
+    (plain / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
+    config, ports = local_config(model_repository=tmp_path)
+    lifecycle = TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=local_model_store)
+    with Triton(config=config, triton_lifecycle_policy=lifecycle) as triton:
+        triton.bind("double", double, X, Y)
+        triton.run()
+        assert infer("http", ports["http"], "plain").tolist() == [[6.0]]
+        assert infer("grpc", ports["grpc"], "double").tolist() == [[4.0]]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["plain"]
+    assert (plain / "config.pbtxt").is_file()

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import socket
 import tempfile
 import time
@@ -229,6 +230,9 @@ class TritonServing(Serving):
                 "when Triton stopped at the end of its exit timeout (TritonConfig(exit_timeout_secs=...)"
                 " waits longer)"
             )
+            if self._config.model_repository is not None:  # the user's: it keeps its own models only
+                for name in self._workers:
+                    shutil.rmtree(self._model_repository / name, ignore_errors=True)
         elif self._pod is not None:
             self._drain()
         else:  # hosted: the supervisor stops Triton, which finishes what it passed on to this process
@@ -329,7 +333,11 @@ class TritonServing(Serving):
             preloaded, self._pending = self._pending, []
             for spec, funcs in preloaded:
                 self._workers[spec.name] = self._prepare(spec, funcs)[0]
-                extra_args.append(f"--load-model={spec.name}")
+        if config.model_repository is not None:
+            # a repository of the user's: the models it holds load with Triton, as PyTriton's do
+            extra_args.append("--load-model=*")
+        else:
+            extra_args += [f"--load-model={spec.name}" for spec, _ in preloaded]
         repository_token = secrets.token_urlsafe(24)
         self._server = LocalTritonServer(
             home,
