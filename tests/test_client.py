@@ -321,10 +321,12 @@ def test_positional_inputs_follow_config_order_and_named_inputs_match_by_name(
         np.testing.assert_array_equal(client.infer_sample(b=b, a=a)["difference"], [7.0])
         with pytest.raises(PyTritonClientValueError, match="either positionally or by name"):
             client.infer_sample(a, b=b)
-        with pytest.raises(PyTritonClientValueError, match="no input named"):
-            client.infer_sample(a=a, c=b)
-        with pytest.raises(PyTritonClientValueError, match="takes 2 inputs"):
-            client.infer_sample(a, b, a)
+        # also what PyTriton raises once the server refused them, for code that catches that
+        for error in (PyTritonClientValueError, PyTritonClientInferenceServerError):
+            with pytest.raises(error, match="no input named"):
+                client.infer_sample(a=a, c=b)
+            with pytest.raises(error, match="takes 2 inputs"):
+                client.infer_sample(a, b, a)
 
 
 @BOTH_URLS
@@ -445,6 +447,12 @@ def test_closed_client_raises(triton: Triton, url: str) -> None:
         client.infer_sample(np.array([1.0], np.float32))
     with pytest.raises(PyTritonClientClosedError):
         client.wait_for_model(1)
+    # what it read it still has, as PyTriton's client does
+    assert client.model_config.max_batch_size == 8 and client.is_batching_supported
+    never_read = ModelClient(url, "double")
+    never_read.close()
+    with pytest.raises(PyTritonClientClosedError):
+        never_read.model_config
 
 
 @BOTH_URLS

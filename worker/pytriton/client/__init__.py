@@ -19,6 +19,7 @@ _EXPORTS = {
     "PyTritonClientClosedError": "exceptions",
     "PyTritonClientError": "exceptions",
     "PyTritonClientInferenceServerError": "exceptions",
+    "PyTritonClientInputError": "exceptions",
     "PyTritonClientInvalidUrlError": "exceptions",
     "PyTritonClientModelDoesntSupportBatchingError": "exceptions",
     "PyTritonClientModelUnavailableError": "exceptions",

@@ -27,6 +27,7 @@ from pytriton.client.auth import create_auth_headers
 from pytriton.client.exceptions import (
     PyTritonClientError,
     PyTritonClientInferenceServerError,
+    PyTritonClientInputError,
     PyTritonClientTimeoutError,
     PyTritonClientTransactionPolicyError,
     PyTritonClientValueError,
@@ -157,7 +158,7 @@ def build_inputs(
         raise PyTritonClientValueError("Pass the inputs either positionally or by name, not both")
     if inputs:
         if len(inputs) > len(config.inputs):
-            raise PyTritonClientValueError(
+            raise PyTritonClientInputError(
                 f"Model {config.model_name} takes {len(config.inputs)} inputs ({', '.join(specs)}); "
                 f"got {len(inputs)}"
             )
@@ -165,7 +166,7 @@ def build_inputs(
     else:
         unknown = sorted(set(named_inputs) - set(specs))
         if unknown and specs:
-            raise PyTritonClientValueError(
+            raise PyTritonClientInputError(
                 f"Model {config.model_name} has no input named {', '.join(unknown)} "
                 f"(inputs: {', '.join(specs)})"
             )

@@ -111,7 +111,8 @@ class AsyncioModelClient(BaseModelClient):
 
     @property
     def model_config(self) -> Awaitable[TritonModelConfig]:
-        """`await client.model_config`: the model's configuration, read from the server on first use."""
+        """`await client.model_config`: the model's configuration, read from the server on first use; once
+        read, a closed client still has it, as PyTriton's does."""
         return self._initialize()
 
     async def get_model_config(self) -> TritonModelConfig:
@@ -317,6 +318,8 @@ class AsyncioModelClient(BaseModelClient):
             await client.close()
 
     async def _initialize(self) -> TritonModelConfig:
+        if self._closed and self._model_config is not None:
+            return self._model_config
         self._check_open()
         async with self._init_lock:
             self._check_open()

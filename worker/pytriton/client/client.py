@@ -145,7 +145,10 @@ class ModelClient(BaseModelClient):
 
     @property
     def model_config(self) -> TritonModelConfig:
-        """The model's configuration, read from the server on first use."""
+        """The model's configuration, read from the server on first use; once read, a closed client still
+        has it, as PyTriton's does."""
+        if self._closed and self._model_config is not None:
+            return self._model_config
         return self._initialize()
 
     @property

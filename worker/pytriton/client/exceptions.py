@@ -49,5 +49,11 @@ class PyTritonClientTransactionPolicyError(PyTritonClientValueError, PyTritonCli
     PyTritonClientInferenceServerError, which PyTriton raises once the server refused the request."""
 
 
+class PyTritonClientInputError(PyTritonClientValueError, PyTritonClientInferenceServerError):
+    """Inputs the model does not take: a name it has no input of, or more inputs than it has. Raised before
+    anything is sent; it is also a PyTritonClientInferenceServerError, which PyTriton raises once the server
+    refused the request."""
+
+
 class PyTritonClientQueueFullError(PyTritonClientError):
     """A FuturesModelClient in non-blocking mode had no room left in its queue."""
