@@ -452,7 +452,7 @@ def test_closed_client_raises(triton: Triton, url: str) -> None:
     never_read = ModelClient(url, "double")
     never_read.close()
     with pytest.raises(PyTritonClientClosedError):
-        never_read.model_config
+        assert never_read.model_config is None
 
 
 @BOTH_URLS

@@ -241,7 +241,7 @@ def test_server_fields_reach_tritonserver(tmp_path):
     sagemaker, low, high = free_ports(1)[0], 1024, 65535
     trace_file = tmp_path / "trace.json"
     config, ports = local_config(
-        id="surface-server",
+        id="surface/server",
         exit_on_error=True,
         strict_readiness=False,
         http_address="127.0.0.1",
@@ -274,8 +274,9 @@ def test_server_fields_reach_tritonserver(tmp_path):
             assert infer(protocol, ports[protocol]).tolist() == [[4.0]]
         http = httpclient.InferenceServerClient(f"127.0.0.1:{ports['http']}")
         grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{ports['grpc']}")
-        assert http.get_server_metadata()["name"] == "surface-server"
-        assert grpc.get_server_metadata().name == "surface-server"
+        assert http.get_server_metadata()["name"] == "surface/server"
+        assert grpc.get_server_metadata().name == "surface/server"
+        assert Path("/dev/shm/kubetriton-surface-server").is_dir(), "one name in /dev/shm, not a folder"
         # strict_readiness=False: a model that failed to load leaves the server ready
         with pytest.raises(PyTritonModelConfigError):
             _bind_unloadable(triton)
@@ -286,6 +287,10 @@ def test_server_fields_reach_tritonserver(tmp_path):
         _, metrics = http_get(f"http://127.0.0.1:{ports['metrics']}/metrics")
         assert "nv_inference_request_summary_us" in metrics
     assert json.loads(trace_file.read_text()), "the trace file holds the traces of the requests"
+    assert (
+        not Path("/dev/shm/kubetriton-surface-server").exists()
+        and not Path("/dev/shm/kubetriton-surface").exists()
+    )
 
 
 def _bind_unloadable(triton: Triton) -> None:

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -291,7 +292,8 @@ class TritonServing(Serving):
     def _start_local(self) -> None:
         config = self._config
         server_id = config.id or f"{os.getpid()}-{secrets.token_hex(4)}"
-        shm_prefix = f"{podenv.SHM_MOUNT}/kubetriton-{server_id}"
+        # one name in /dev/shm, whatever the id holds ('team/svc' made a folder of it)
+        shm_prefix = f"{podenv.SHM_MOUNT}/kubetriton-{re.sub(r'[^A-Za-z0-9._-]', '-', server_id)}"
         if config.model_repository is not None:
             self._model_repository = Path(config.model_repository)
         sockets = self._workspace / podenv.SOCKETS_SUBDIR
