@@ -265,7 +265,9 @@ def _remove_a_stale_socket(path: str, model: str) -> None:
                 os.unlink(path)
             return
     raise PyTritonInvalidOperationError(
-        f"A model named '{model}' is already bound: another process serves it through this Triton"
+        f"A model named '{model}' is already bound: another process serves it through this Triton, or "
+        f"through another that uses the same workspace ({os.path.dirname(path)}); give each Triton() a "
+        "workspace of its own"
     )
 
 
