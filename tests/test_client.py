@@ -454,6 +454,16 @@ def test_closed_client_raises(triton: Triton, url: str) -> None:
     with pytest.raises(PyTritonClientClosedError):
         assert never_read.model_config is None
 
+    async def asyncio_client() -> None:
+        client = AsyncioModelClient(url, "double")
+        await client.infer_sample(np.array([1.0], np.float32))
+        await client.close()
+        assert (await client.model_config).max_batch_size == 8
+        with pytest.raises(PyTritonClientClosedError):
+            await client.infer_sample(np.array([1.0], np.float32))
+
+    asyncio.run(asyncio_client())
+
 
 @BOTH_URLS
 def test_token_headers_and_parameters_are_sent(triton: Triton, url: str) -> None:
