@@ -4,6 +4,7 @@ install. The code runs as in a base install (`tests/base_install.py`), against a
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import subprocess
 import sys
@@ -64,6 +65,15 @@ def test_the_commands_of_a_machine_that_serves_need_no_extra(command: str):
     helped = base_install("-m", "kubetriton.cli", command, "--help")
     assert helped.returncode == 0, helped.stderr
     assert helped.stdout.startswith(f"usage: kubetriton {command}")
+
+
+def test_the_version_is_the_distributions():
+    shown = subprocess.run(
+        [sys.executable, "-m", "kubetriton.cli", "--version"], capture_output=True, text=True
+    )
+    assert (shown.returncode, shown.stdout) == (0, f"kubetriton {importlib.metadata.version('kubetriton')}\n")
+    without_a_distribution = base_install("-m", "kubetriton.cli", "--version")
+    assert without_a_distribution.returncode == 0, without_a_distribution.stderr
 
 
 @pytest.mark.parametrize(

@@ -323,6 +323,17 @@ def test_remote_triton_says_when_no_local_triton_listens_at_its_url(tmp_path: Pa
             remote.connect()
 
 
+def test_remote_triton_of_another_machine_without_a_workspace_is_refused_at_once(monkeypatch) -> None:
+    """No Triton() of this machine can answer there, and nothing says where its workspace is: no wait for a
+    Triton to answer first (192.0.2.1 is a documentation address: nothing answers)."""
+    monkeypatch.delenv("KUBETRITON_WORKSPACE", raising=False)
+    remote = RemoteTriton(url="192.0.2.1:8000")
+    started = time.monotonic()
+    with pytest.raises(PyTritonRuntimeError, match=r"No Triton\(\) of this user on this machine listens at"):
+        remote.connect()
+    assert time.monotonic() - started < 5
+
+
 def test_remote_triton_waits_for_the_record_of_a_triton_that_answers_already(local, monkeypatch) -> None:
     """A Triton() and a RemoteTriton started at the same moment: RemoteTriton sees Triton answer before the
     Triton() has published its record. Here the record is hidden until RemoteTriton has looked once."""

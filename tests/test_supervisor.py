@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -252,3 +253,15 @@ def test_an_exit_is_described_by_the_lines_of_its_own_run() -> None:
         assert process.process is not None and process.process.wait(30) == 3
         described = process.describe_exit(3)
     assert described == "worker process 1 exited with code 3; its last lines: once"
+
+
+@pytest.mark.parametrize(
+    ("given", "said"), [("abc", "'abc' is not a number of processes"), ("0", "0 is not a positive")]
+)
+def test_a_process_count_that_is_no_count_is_refused_in_words(given: str, said: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "kubetriton.cli", "run", "--processes", given, "serve.py"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and f"argument --processes: {said}" in result.stderr, result.stderr

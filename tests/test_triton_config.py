@@ -205,7 +205,8 @@ def test_from_env_reads_each_kind_of_field(monkeypatch, caplog):
         TritonConfig.from_env()
     monkeypatch.setenv("PYTRITON_TRITON_CONFIG_ALLOW_METRICS", "off")
     monkeypatch.setenv("PYTRITON_TRITON_CONFIG_GRPC_PORT", "eighty")
-    with pytest.raises(ValueError):
+    said = r"grpc_port: 'eighty' is not a whole number \(read from the PYTRITON_TRITON_CONFIG_<FIELD>"
+    with pytest.raises(ValueError, match=said):
         TritonConfig.from_env()
 
 
@@ -562,3 +563,21 @@ def test_a_repository_of_the_users_serves_its_own_models_and_keeps_them(tmp_path
         assert infer("grpc", ports["grpc"], "double").tolist() == [[4.0]]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["plain"]
     assert (plain / "config.pbtxt").is_file()
+
+
+def fails(requests):
+    raise ValueError("the callable's own words")
+
+
+def test_kubetriton_debug_sends_the_traceback_and_refuses_what_it_cannot_read(monkeypatch):
+    monkeypatch.setenv("KUBETRITON_DEBUG", "maybe")
+    with pytest.raises(PyTritonValidationError, match="KUBETRITON_DEBUG='maybe': use 1"):
+        Triton()
+    monkeypatch.setenv("KUBETRITON_DEBUG", "true")
+    config, ports = local_config()
+    with Triton(config=config) as triton:
+        triton.bind("fails", fails, X, Y)
+        with pytest.raises(InferenceServerException) as raised:
+            infer("http", ports["http"], "fails")
+    assert "ValueError: the callable's own words" in str(raised.value)
+    assert "Traceback (most recent call last)" in str(raised.value)

@@ -1,8 +1,9 @@
 """The local demo: serve a model through a real tritonserver, query it over HTTP and gRPC, print the answer.
 
 The callable runs in this process (the worker); Triton runs as a separate process and reaches it
-through the proxy model over ZeroMQ and shared memory, exactly as in a Kubernetes pod. It listens on ports
-that are free when it starts, so that it runs beside other servers, and beside other runs of itself.
+through the proxy model over a Unix socket and a shared-memory arena, exactly as in a Kubernetes pod.
+It listens on ports that are free when it starts, so that it runs beside other servers, and beside other
+runs of itself.
 """
 
 import socket

@@ -112,6 +112,14 @@ def test_render_rejects_a_bad_spec_readably(tmp_path: Path) -> None:
     assert result.stdout == ""
     assert "spec.models: '-not-ok': each model name must be" in result.stderr
     assert "Traceback" not in result.stderr
+    missing = tmp_path / "missing.yaml"
+    result = subprocess.run(
+        [sys.executable, "-m", "kubetriton.cli", "render", str(missing)], capture_output=True, text=True
+    )
+    assert (result.returncode, result.stderr) == (
+        1,
+        f"kubetriton render: cannot read {missing}: No such file or directory\n",
+    )
 
 
 def test_render_takes_the_model_from_what_deploy_prints(tmp_path: Path) -> None:

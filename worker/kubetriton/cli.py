@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
 from kubetriton.extras import CLUSTER, MissingExtraError, needed
@@ -37,10 +38,27 @@ COMMANDS: dict[str, tuple[str, str | None, str]] = {
 }
 
 
+class _Version(argparse.Action):
+    """`kubetriton --version`: the installed distribution's version, read only when asked (a pod's worker
+    runtime has kubetriton's modules without a distribution)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print kubetriton's version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        try:
+            version = importlib.metadata.version("kubetriton")
+        except importlib.metadata.PackageNotFoundError:
+            version = "(its modules, without an installed distribution)"
+        print(f"kubetriton {version}")
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
         top = argparse.ArgumentParser(prog="kubetriton")
+        top.add_argument("--version", action=_Version)
         top.add_argument(
             "command", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v[2]}" for k, v in COMMANDS.items())
         )

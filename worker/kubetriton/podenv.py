@@ -115,6 +115,8 @@ MODEL_NAME_PATTERN = rf"^[A-Za-z0-9_][-A-Za-z0-9_.]{{0,{MODEL_NAME_MAX_LENGTH - 
 '-', starting with a letter, digit or '_' (no ',', which ENV_MODELS separates by; a name of the model
 repository's folders, not of Kubernetes objects)."""
 ENV_DRAIN_SECONDS = "KUBETRITON_DRAIN_SECONDS"
+ENV_DEBUG = "KUBETRITON_DEBUG"
+"""`1` (or `true`, `yes`, `on`) sends clients the traceback of a callable's exception."""
 ENV_ARENA_BYTES = "KUBETRITON_ARENA_BYTES"
 ENV_HEALTH_PORT = "KUBETRITON_HEALTH_PORT"
 ENV_TRITON_HTTP_PORT = "KUBETRITON_TRITON_HTTP_PORT"
@@ -289,3 +291,13 @@ def tritonserver_args(
         *(f"--grpc-restricted-protocol={group}" for group in groups),
         f"--log-verbose={log_verbose}",
     ]
+
+
+def debug_requested() -> bool:
+    """Whether ENV_DEBUG asks for tracebacks; a value it cannot read is refused rather than ignored."""
+    value = os.environ.get(ENV_DEBUG, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{ENV_DEBUG}={os.environ[ENV_DEBUG]!r}: use 1 (or true, yes, on) or 0")

@@ -54,7 +54,7 @@ class RemoteServing(Serving):
         super().__init__(
             workspace=Path(self._workspace_given or podenv.WORKSPACE_MOUNT),
             lifecycle=DefaultTritonLifecyclePolicy,
-            debug=os.environ.get("KUBETRITON_DEBUG") == "1",
+            debug=False,
         )
         self._access_token = access_token
         self._published: PublishedServer | None = None
@@ -62,17 +62,16 @@ class RemoteServing(Serving):
 
     def _start_triton(self) -> None:
         self._control = TritonControl(self._url, access_token=self._access_token)
+        needs_a_local_triton = not self._workspace_given and not self._bootstrapped()
+        if needs_a_local_triton and not is_this_machine(self._endpoint.host):
+            raise self._no_local_triton()  # at once: no Triton() of this machine can answer there
         deadline = time.monotonic() + REMOTE_WAIT_S
         LOGGER.info("Waiting for Triton at %s", self._url)
         self._control.wait_until_live(REMOTE_WAIT_S)
         local = None if self._workspace_given else self._published_server(deadline)
         if local is None:
-            if not self._workspace_given and not self._bootstrapped():
-                raise PyTritonRuntimeError(
-                    f"No Triton() of this user on this machine listens at {self._url}, and {self._workspace} "
-                    "is no workspace prepared by `kubetriton bootstrap`; for such a Triton elsewhere, give "
-                    "RemoteTriton(url, workspace=...)"
-                )
+            if needs_a_local_triton:
+                raise self._no_local_triton()
             self._attach(Path(os.environ.get(podenv.ENV_SHM_DIR, podenv.SHM_MOUNT)))
             return
         LOGGER.info("Binding to the Triton() of this user at %s", self._url)
@@ -82,13 +81,20 @@ class RemoteServing(Serving):
         self._control.access_token = local.access_token
         self._serve_through(local.repository_token, Path(local.sockets), Path(local.arena_dir))
 
+    def _no_local_triton(self) -> PyTritonRuntimeError:
+        return PyTritonRuntimeError(
+            f"No Triton() of this user on this machine listens at {self._url}, and {self._workspace} "
+            "is no workspace prepared by `kubetriton bootstrap`; for such a Triton elsewhere, give "
+            "RemoteTriton(url, workspace=...)"
+        )
+
     def _published_server(self, deadline: float) -> PublishedServer | None:
         """The Triton() of this user that listens at the URL. One started at the same moment as this process
         answers before it has published its record: unless there is a workspace prepared by `kubetriton
         bootstrap` to attach to instead, or the URL names another machine, wait for the record until
         `deadline`."""
         local = find_published(self._endpoint)
-        if local is not None or self._bootstrapped() or not is_this_machine(self._endpoint.host):
+        if local is not None or self._bootstrapped():
             return local
         LOGGER.info("Waiting for the Triton() at %s to publish where it serves from", self._url)
         while local is None and time.monotonic() < deadline:

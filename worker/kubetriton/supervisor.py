@@ -477,7 +477,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--processes",
         type=_positive,
         default=1,
-        help="how many worker processes run the script; each serves its own instances of every model",
+        help="how many worker processes run the script; each serves its own instances of every model "
+        "(default: 1)",
     )
     parser.add_argument("script", help="the PyTriton script, as `python SCRIPT` would run it")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -497,7 +498,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive number of processes")
     return value

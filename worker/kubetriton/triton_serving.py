@@ -90,7 +90,7 @@ class TritonServing(Serving):
         self._pod = podenv.AttachSettings.from_environ()
         self._supervisor = None if self._pod else os.environ.get(podenv.ENV_SUPERVISOR)
         self._workspace_given = workspace
-        debug = (self._config.log_verbose or 0) > 0 or os.environ.get("KUBETRITON_DEBUG") == "1"
+        debug = (self._config.log_verbose or 0) > 0
         self._workspace_lock: int | None = None
         if self._pod is not None:
             self._refuse_what_a_pod_cannot_apply(lifecycle, security)

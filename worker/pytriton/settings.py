@@ -176,7 +176,10 @@ class TritonConfig:
                     "not both"
                 )
             config[name] = [items[index] for index in sorted(items)]
-        return cls.from_dict(config)
+        try:
+            return cls.from_dict(config)
+        except ValueError as error:
+            raise ValueError(f"{error} (read from the {ENV_CONFIG_PREFIX}<FIELD> variables)") from None
 
     def merged_over(self, base: TritonConfig) -> TritonConfig:
         """A copy of `base` with this config's non-None fields laid over it."""
@@ -235,6 +238,11 @@ def _parse_field(name: str, raw: str) -> Any:
         raise ValueError(f"TritonConfig.{name}: {raw!r} is not a boolean (true/false, 1/0, yes/no, on/off)")
     if kind is list:
         return [item for item in raw.split(";") if item]
+    if kind is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"TritonConfig.{name}: {raw!r} is not a whole number") from None
     return kind(raw)
 
 

@@ -59,8 +59,12 @@ def render(model: PyTritonModel, *, service_monitor: bool = False) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         text = sys.stdin.read() if args.path == "-" else Path(args.path).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        print(f"kubetriton render: cannot read {args.path}: {error.strerror or error}", file=sys.stderr)
+        return 1
+    try:
         model = load_model(text, args.namespace)
-    except (OSError, ValueError, yaml.YAMLError) as error:
+    except (ValueError, yaml.YAMLError) as error:
         print(f"kubetriton render: {args.path}: invalid PyTritonModel:\n{error}", file=sys.stderr)
         return 1
     sys.stdout.write(render(model, service_monitor=args.service_monitor))

@@ -129,12 +129,24 @@ def write_token(workspace: Path, name: str) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--workspace", type=Path, default=Path(os.environ.get(podenv.ENV_WORKSPACE, podenv.WORKSPACE_MOUNT))
+        "--workspace",
+        type=Path,
+        default=Path(os.environ.get(podenv.ENV_WORKSPACE, podenv.WORKSPACE_MOUNT)),
+        help=f"the volume shared with the sidecar (default: ${podenv.ENV_WORKSPACE}, else %(default)s)",
     )
     parser.add_argument(
-        "--triton-image", default=os.environ.get(podenv.ENV_TRITON_IMAGE, podenv.TRITON_IMAGE)
+        "--triton-image",
+        default=os.environ.get(podenv.ENV_TRITON_IMAGE, podenv.TRITON_IMAGE),
+        help="the sidecar's image, whose tag decides which Python the proxy's runtime is for "
+        f"(default: ${podenv.ENV_TRITON_IMAGE}, else %(default)s)",
     )
-    parser.add_argument("--wheels", type=Path, default=Path(os.environ.get(ENV_WHEELS, DEFAULT_WHEELS)))
+    parser.add_argument(
+        "--wheels",
+        type=Path,
+        default=Path(os.environ.get(ENV_WHEELS, DEFAULT_WHEELS)),
+        help=f"the folder of pyzmq wheels for the sidecar's and workers' Pythons (default: ${ENV_WHEELS}, "
+        "else %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
