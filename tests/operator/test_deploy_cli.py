@@ -265,6 +265,13 @@ def test_dry_run_refuses_what_the_api_server_would(
     )
     assert cli.main(["deploy", str(router_named), "--image", "x", "--name", "", "--dry-run=client"]) == 1
     assert "metadata.name must be" in capsys.readouterr().err, "an empty --name is refused, not ignored"
+    assert (
+        cli.main(["deploy", str(router_named), "--image", "x", "--name", "Bad_Name", "--dry-run=client"]) == 1
+    )
+    assert capsys.readouterr().err == (
+        "error: --name 'Bad_Name': metadata.name must be at most 63 lowercase letters, digits or '-',"
+        " starting with a letter: it names the model's Service\n"
+    ), "one error, not a second for the names made from it"
 
     unreadable = write_script(tmp_path / "b", "triton.bind(model_name=NAME, infer_func=f)\n")
     assert cli.main(["deploy", str(unreadable), "--image", "x", "--dry-run=client", "-o", "yaml"]) == 1

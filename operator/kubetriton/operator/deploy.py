@@ -32,6 +32,7 @@ from kubetriton.operator.spec import (
     PLURAL,
     SINGULAR,
     VERSION,
+    ObjectMeta,
     PyTritonModel,
     describe_validation_error,
 )
@@ -226,6 +227,12 @@ def _read_script(args: argparse.Namespace) -> tuple[script.Script, list[str], st
     for item, why in files.skipped:
         print(f"warning: {args.script}/{item} is not deployed: {why}", file=sys.stderr)
     if args.name is not None:
+        try:
+            ObjectMeta(name=args.name)
+        except ValidationError as error:  # said here, before the names made from it fail too
+            raise CommandError(
+                f"--name {args.name!r}: {error.errors()[0]['msg'].removeprefix('Value error, ')}"
+            ) from None
         return files, models, args.name
     name = script.object_name(models[0], files.stem)
     if not name:
