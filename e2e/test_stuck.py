@@ -95,6 +95,10 @@ def _short_startup(model: dict[str, Any]) -> None:
     model["spec"]["startupSeconds"] = 10
 
 
+def _small_memory_limit(model: dict[str, Any]) -> None:
+    model["spec"]["worker"]["resources"] = {"limits": {"memory": "192Mi"}}
+
+
 CASES = {
     "a script that raises at its start": Case(
         _script('raise RuntimeError("the weights are not where the script looks")'),
@@ -132,6 +136,12 @@ CASES = {
         "StartupProbeFailed",
         "container worker did not start within spec.startupSeconds (10 s)",
         spec=_short_startup,
+    ),
+    "a worker that goes past its memory limit": Case(
+        _script("weights = np.ones(512 * 2**20, np.uint8)  # more than its 192Mi"),
+        "OOMKilled",
+        "container worker went past its memory limit and was killed",
+        spec=_small_memory_limit,
     ),
     "Triton refusing the generated configuration": Case(
         _script(config=REFUSED_BY_TRITON), "ModelConfigRejected", "Triton refused"

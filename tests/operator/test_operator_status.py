@@ -493,6 +493,19 @@ def test_a_crashing_triton_says_why_not_how_it_ended(output: str, said: str) -> 
     assert ready["message"].endswith(f"container triton exited with code 134 5 times: {said}")
 
 
+@pytest.mark.parametrize("container", ["worker", "triton"])
+def test_a_container_killed_for_its_memory_says_so_not_its_last_log_line(container: str) -> None:
+    last = {"exitCode": 137, "reason": "OOMKilled", "message": "Loading the weights\n"}
+    pods = [waiting_pod(container, "CrashLoopBackOff", last=last, restarts=2)]
+    summary = status.summarize(MODEL, deployment(ready=0), pods)
+    by_type = {condition["type"]: condition for condition in summary["conditions"]}
+    assert by_type["Ready"]["reason"] == by_type["Degraded"]["reason"] == "OOMKilled"
+    assert by_type["Degraded"]["message"].endswith(
+        f"container {container} went past its memory limit and was killed (3 times); raise"
+        f" spec.{container}.resources.limits.memory, or make it use less"
+    )
+
+
 # What the cluster says of a stuck pod, and the cause the status names. Messages are the kubelet's and the
 # scheduler's own words (Kubernetes 1.35).
 

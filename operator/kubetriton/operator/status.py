@@ -46,6 +46,8 @@ MOUNT_FAILED = "MountFailed"
 CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
 CONTAINER_ERROR = "CreateContainerError"
 CRASH_LOOP = "CrashLoopBackOff"
+OUT_OF_MEMORY = "OOMKilled"
+"""The kernel killed a container that went past its memory limit (the kubelet's reason for its exit)."""
 WORKER_IMAGE_UNSUPPORTED = "WorkerImageUnsupported"
 NO_PYTHON = '"python3": executable file not found'
 """What the container runtime says when the launcher's `python3` is not in the worker image."""
@@ -80,6 +82,7 @@ _SEVERITY = (
     MODEL_NOT_BOUND,
     MODEL_CONFIG_REJECTED,
     STARTUP_PROBE_FAILED,
+    OUT_OF_MEMORY,
     CRASH_LOOP,
     MODEL_LOAD_FAILED,
     "ReplicaFailure",
@@ -312,6 +315,14 @@ def _container_problem(
     killed = _startup_killed(container, warnings, startup_seconds)
     if killed:
         return killed
+    if reason == CRASH_LOOP and last_exit.get("reason") == OUT_OF_MEMORY:
+        restarts = container.get("restartCount", 0)
+        return Diagnosis(
+            OUT_OF_MEMORY,
+            f"container {name} went past its memory limit and was killed ({restarts + 1} times); raise"
+            f" spec.{name}.resources.limits.memory, or make it use less",
+            stalled=restarts >= CRASH_LOOP_STALLED_RESTARTS,
+        )
     if reason == CRASH_LOOP:
         restarts = container.get("restartCount", 0)
         said = why_it_exited(last_exit.get("message", "")) or last_exit.get("reason") or detail
