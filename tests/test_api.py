@@ -177,11 +177,9 @@ def ignores_the_request_shape(requests):
 
 
 def returns_numbers(requests):
-    """One and a half, as a number for a BYTES output: x[0, 1] 0 an int32, 1 a float64, 2 a bool."""
-    dtypes = (np.int32, np.float64, bool)
-    return [
-        {"text": (request["x"][:, :1] * 1.5).astype(dtypes[int(request["x"][0, 1])])} for request in requests
-    ]
+    """x[0, 0] as a number for a BYTES output: x[0, 1] 0 an int32, 1 a float64, 2 a bool, 3 a float32."""
+    dtypes = (np.int32, np.float64, bool, np.float32)
+    return [{"text": request["x"][:, :1].astype(dtypes[int(request["x"][0, 1])])} for request in requests]
 
 
 def returns_float64(requests):
@@ -594,8 +592,8 @@ def test_non_strict_numeric_outputs_are_cast_to_the_declared_dtype(server):
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_non_strict_numbers_for_a_bytes_output_travel_as_their_text(server, protocol):
-    for mode, text in ((0, b"1"), (1, b"1.5"), (2, b"True")):
-        result = infer(server, protocol, "numbers_as_text", {"x": np.array([[1, mode]], np.float32)})
+    for mode, value, text in ((0, 1, b"1"), (1, 1.5, b"1.5"), (2, 1, b"True"), (3, 0.1, b"0.1")):
+        result = infer(server, protocol, "numbers_as_text", {"x": np.array([[value, mode]], np.float32)})
         assert result.as_numpy("text").tolist() == [[text]], mode
     with pytest.raises(InferenceServerException, match="output 'text' has dtype int32, declared object"):
         infer(server, protocol, "strict_numbers_as_text", {"x": np.array([[1, 0]], np.float32)})

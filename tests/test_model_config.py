@@ -234,6 +234,16 @@ BAD_CONFIGS = {
 }
 
 
+def test_without_batching_the_batcher_is_not_checked():
+    """Triton gets neither the batch size nor the batcher of a model that does not batch."""
+    triton = Triton()
+    try:
+        unused = DynamicBatcher(priority_levels=2, max_queue_delay_microseconds=0.5)
+        triton.bind("m", identity, X, Y, config=ModelConfig(batching=False, max_batch_size=0, batcher=unused))
+    finally:
+        triton.stop()
+
+
 @pytest.mark.parametrize("name", BAD_CONFIGS)
 def test_model_config_is_checked_at_bind(name):
     config, message = BAD_CONFIGS[name]

@@ -112,6 +112,12 @@ def test_render_rejects_a_bad_spec_readably(tmp_path: Path) -> None:
     assert result.stdout == ""
     assert "spec.models: '-not-ok': each model name must be" in result.stderr
     assert "Traceback" not in result.stderr
+    not_text = tmp_path / "weights.bin"
+    not_text.write_bytes(b"\xff\xfe")
+    result = subprocess.run(
+        [sys.executable, "-m", "kubetriton.cli", "render", str(not_text)], capture_output=True, text=True
+    )
+    assert result.returncode == 1 and f"cannot read {not_text}: 'utf-8' codec" in result.stderr, result.stderr
     missing = tmp_path / "missing.yaml"
     result = subprocess.run(
         [sys.executable, "-m", "kubetriton.cli", "render", str(missing)], capture_output=True, text=True

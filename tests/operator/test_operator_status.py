@@ -493,6 +493,16 @@ def test_a_crashing_triton_says_why_not_how_it_ended(output: str, said: str) -> 
     assert ready["message"].endswith(f"container triton exited with code 134 5 times: {said}")
 
 
+def test_a_crashing_worker_says_its_scripts_last_line_not_a_librarys_log_line() -> None:
+    output = (
+        "E0000 00:00:1711.1 12 cuda_dnn.cc:8310] Unable to register cuDNN factory\n"
+        "Traceback (most recent call last):\n  ...\nRuntimeError: weights file w.pt not found\n"
+    )
+    pods = [waiting_pod("worker", "CrashLoopBackOff", last={"exitCode": 1, "message": output}, restarts=2)]
+    ready = status.summarize(MODEL, deployment(ready=0), pods)["conditions"][0]
+    assert ready["message"].endswith("exited with code 1 3 times: RuntimeError: weights file w.pt not found")
+
+
 @pytest.mark.parametrize("container", ["worker", "triton"])
 def test_a_container_killed_for_its_memory_says_so_not_its_last_log_line(container: str) -> None:
     last = {"exitCode": 137, "reason": "OOMKilled", "message": "Loading the weights\n"}

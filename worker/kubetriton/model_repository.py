@@ -25,7 +25,10 @@ from kubetriton import podenv
 from kubetriton.warmup import WarmupSample
 
 MODEL_NAME_PATTERN = re.compile(podenv.MODEL_NAME_PATTERN)
-PROXY_MODEL_SOURCE = '''"""Triton's entry point for this model: the kubetriton proxy model.
+PROXY_MODEL_MARKER = "from kubetriton.sidecar.proxy_model import TritonPythonModel"
+"""The line of a proxy model's `model.py` that tells kubetriton's model folders from others."""
+PROXY_MODEL_SOURCE = (
+    '''"""Triton's entry point for this model: the kubetriton proxy model.
 
 The stub's Python has numpy only (the stock Triton image's in a pod, the one `kubetriton install-triton`
 provisions locally): kubetriton and pyzmq come from the runtime folder that `kubetriton bootstrap`, or
@@ -38,8 +41,10 @@ _runtime = {runtime!r}
 if _runtime not in sys.path:
     sys.path.insert(0, _runtime)
 
-from kubetriton.sidecar.proxy_model import TritonPythonModel  # noqa: E402,F401
 '''
+    + PROXY_MODEL_MARKER
+    + "  # noqa: E402,F401\n"
+)
 
 _TRITON_DTYPES = {
     np.dtype(bool): "TYPE_BOOL",
@@ -118,8 +123,10 @@ def checked_config(model_name: str, config: ModelConfig) -> ModelConfig:
             max_queue_size=whole(queue.max_queue_size, f"{field}.max_queue_size"),
         )
 
+    if not config.batching:
+        return config  # Triton gets neither the batch size nor the batcher
     max_batch_size = whole(config.max_batch_size, "max_batch_size")
-    if config.batching and max_batch_size < 1:
+    if max_batch_size < 1:
         raise PyTritonBadParameterError(
             f"Model '{model_name}': max_batch_size must be at least 1 when batching is on "
             "(use batching=False)"

@@ -20,7 +20,7 @@ from kubetriton import podenv
 from kubetriton.control import TritonControl
 from kubetriton.endpoint import Endpoint
 from kubetriton.server import PublishedServer, find_published, is_this_machine
-from kubetriton.serving import LEAVE_DRAIN_S, Serving
+from kubetriton.serving import LEAVE_DRAIN_S, Serving, debug_requested
 
 REMOTE_WAIT_S = 120.0
 """How long RemoteTriton waits for its Triton to become live and, when it is a local `Triton()`, for that
@@ -54,7 +54,7 @@ class RemoteServing(Serving):
         super().__init__(
             workspace=Path(self._workspace_given or podenv.WORKSPACE_MOUNT),
             lifecycle=DefaultTritonLifecyclePolicy,
-            debug=False,
+            debug=debug_requested(),
         )
         self._access_token = access_token
         self._published: PublishedServer | None = None

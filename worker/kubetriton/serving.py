@@ -78,7 +78,8 @@ def _model_trace_settings(model_name: str, trace_config: Sequence[str]) -> dict[
 _TRACE_SETTING_NAMES = {"rate": "trace_rate", "count": "trace_count", "log-frequency": "log_frequency"}
 
 
-def _debug_requested() -> bool:
+def debug_requested() -> bool:
+    """KUBETRITON_DEBUG, refused with PyTritonValidationError when it cannot be read."""
     try:
         return podenv.debug_requested()
     except ValueError as error:
@@ -100,7 +101,7 @@ class Serving:
     def __init__(self, *, workspace: Path, lifecycle: TritonLifecyclePolicy, debug: bool) -> None:
         self._workspace = workspace
         self._lifecycle = lifecycle
-        self._debug = debug or _debug_requested()
+        self._debug = debug
         self._control: TritonControl | None = None
         self._model_repository = workspace / podenv.MODELS_SUBDIR
         self._runtime = workspace / podenv.RUNTIME_SUBDIR

@@ -13,6 +13,7 @@ A worker process asks with `ask_for_server`; its supervisor's `ServerHost` launc
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ from kubetriton import podenv
 from kubetriton.control import TritonControl
 from kubetriton.drain import client_connections, request_sidecar_stop
 from kubetriton.health import HealthServer
+from kubetriton.model_repository import PROXY_MODEL_MARKER
 from kubetriton.server import (
     LocalTritonServer,
     PublishedServer,
@@ -50,7 +52,7 @@ from kubetriton.server import (
     remove_abandoned,
     remove_owned,
 )
-from kubetriton.serving import DRAIN_POLL_S, LEAVE_DRAIN_S, Serving
+from kubetriton.serving import DRAIN_POLL_S, LEAVE_DRAIN_S, Serving, debug_requested
 from kubetriton.sidecar.bootstrap import install_runtime
 from kubetriton.triton_home import locate
 
@@ -73,6 +75,28 @@ bound with `ModelConfig(response_cache=True)` use it."""
 LOAD_ERROR_LOG_LINES = 200
 
 
+def _shm_name(server_id: str) -> str:
+    """The server id as one name in /dev/shm: other characters as '-' ('team/svc' made a folder of it),
+    and then a digest of the id, so that 'team/svc' and 'team-svc' stay two servers."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", server_id)
+    return name if name == server_id else f"{name}-{hashlib.sha256(server_id.encode()).hexdigest()[:8]}"
+
+
+def _users_models(repository: Path) -> list[str]:
+    """The models of a repository of the user's that Triton loads as it starts, as PyTriton's `*` does:
+    every folder but those of kubetriton's proxy models, which a server that did not stop may have left
+    and which no worker serves (a bound model's folder is written again when it is bound)."""
+    return sorted(
+        folder.name
+        for folder in repository.iterdir()
+        if folder.is_dir()
+        and not folder.name.startswith(".")
+        and not any(
+            PROXY_MODEL_MARKER in model.read_text(errors="replace") for model in folder.glob("*/model.py")
+        )
+    )
+
+
 class TritonServing(Serving):
     """`Triton()`'s runtime: serves bound callables through a local `tritonserver` it launches, the one its
     supervisor hosts, or in a pod the sidecar, as the environment says. `config` and `lifecycle` are
@@ -90,7 +114,7 @@ class TritonServing(Serving):
         self._pod = podenv.AttachSettings.from_environ()
         self._supervisor = None if self._pod else os.environ.get(podenv.ENV_SUPERVISOR)
         self._workspace_given = workspace
-        debug = (self._config.log_verbose or 0) > 0
+        debug = debug_requested() or (self._config.log_verbose or 0) > 0  # refused before claiming anything
         self._workspace_lock: int | None = None
         if self._pod is not None:
             self._refuse_what_a_pod_cannot_apply(lifecycle, security)
@@ -292,8 +316,7 @@ class TritonServing(Serving):
     def _start_local(self) -> None:
         config = self._config
         server_id = config.id or f"{os.getpid()}-{secrets.token_hex(4)}"
-        # one name in /dev/shm, whatever the id holds ('team/svc' made a folder of it)
-        shm_prefix = f"{podenv.SHM_MOUNT}/kubetriton-{re.sub(r'[^A-Za-z0-9._-]', '-', server_id)}"
+        shm_prefix = f"{podenv.SHM_MOUNT}/kubetriton-{_shm_name(server_id)}"
         if config.model_repository is not None:
             self._model_repository = Path(config.model_repository)
         sockets = self._workspace / podenv.SOCKETS_SUBDIR
@@ -335,11 +358,10 @@ class TritonServing(Serving):
             preloaded, self._pending = self._pending, []
             for spec, funcs in preloaded:
                 self._workers[spec.name] = self._prepare(spec, funcs)[0]
-        if config.model_repository is not None:
-            # a repository of the user's: the models it holds load with Triton, as PyTriton's do
-            extra_args.append("--load-model=*")
-        else:
-            extra_args += [f"--load-model={spec.name}" for spec, _ in preloaded]
+        startup_models = [spec.name for spec, _ in preloaded]
+        if config.model_repository is not None:  # the models it holds load with Triton, as PyTriton's do
+            startup_models += _users_models(self._model_repository)
+        extra_args += [f"--load-model={name}" for name in startup_models]
         repository_token = secrets.token_urlsafe(24)
         self._server = LocalTritonServer(
             home,

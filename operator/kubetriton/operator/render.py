@@ -60,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         text = sys.stdin.read() if args.path == "-" else Path(args.path).read_text()
     except (OSError, UnicodeDecodeError) as error:
-        print(f"kubetriton render: cannot read {args.path}: {error.strerror or error}", file=sys.stderr)
+        print(
+            f"kubetriton render: cannot read {args.path}: {getattr(error, 'strerror', None) or error}",
+            file=sys.stderr,
+        )
         return 1
     try:
         model = load_model(text, args.namespace)

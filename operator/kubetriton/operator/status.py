@@ -23,7 +23,7 @@ from typing import Any
 
 from kubetriton import podenv
 from kubetriton.operator import naming
-from kubetriton.operator.pod import WORKER_CONTAINER
+from kubetriton.operator.pod import TRITON_CONTAINER, WORKER_CONTAINER
 from kubetriton.operator.spec import PyTritonModel
 
 
@@ -223,8 +223,9 @@ _GLOG_ERROR = re.compile(r"^E\d{4} [\d:.]+ +\d+ [^\]]*\] (.+)$", re.M)
 
 
 def why_it_exited(text: str) -> str:
-    """The line of a crashed container's last output that says why: tritonserver's uncaught exception, else
-    its last error line (its output ends with a stack trace and "Aborted"), else the last line."""
+    """The line of a crashed Triton container's last output that says why: tritonserver's uncaught
+    exception, else its last error line (its output ends with a stack trace and "Aborted"), else the last
+    line."""
     for pattern in (_CXX_EXCEPTION, _GLOG_ERROR):
         found = pattern.findall(text)
         if found:
@@ -325,7 +326,9 @@ def _container_problem(
         )
     if reason == CRASH_LOOP:
         restarts = container.get("restartCount", 0)
-        said = why_it_exited(last_exit.get("message", "")) or last_exit.get("reason") or detail
+        # a worker's output is its script's, which may hold other programs' log lines: its last line says why
+        told = why_it_exited if name == TRITON_CONTAINER else last_line
+        said = told(last_exit.get("message", "")) or last_exit.get("reason") or detail
         exit_code = f" with code {last_exit['exitCode']}" if "exitCode" in last_exit else ""
         return Diagnosis(
             CRASH_LOOP,

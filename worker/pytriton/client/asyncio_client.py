@@ -113,9 +113,11 @@ class AsyncioModelClient(BaseModelClient):
     def model_config(self) -> Awaitable[TritonModelConfig]:
         """`await client.model_config`: the model's configuration, read from the server on first use; once
         read, a closed client still has it, as PyTriton's does."""
-        return self._initialize()
+        return self.get_model_config()
 
     async def get_model_config(self) -> TritonModelConfig:
+        if self._closed and self._model_config is not None:
+            return self._model_config
         return await self._initialize()
 
     async def wait_for_model(self, timeout_s: float) -> None:
@@ -318,8 +320,6 @@ class AsyncioModelClient(BaseModelClient):
             await client.close()
 
     async def _initialize(self) -> TritonModelConfig:
-        if self._closed and self._model_config is not None:
-            return self._model_config
         self._check_open()
         async with self._init_lock:
             self._check_open()
