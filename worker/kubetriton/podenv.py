@@ -295,9 +295,8 @@ def tritonserver_args(
 
 def debug_requested() -> bool:
     """Whether ENV_DEBUG asks for tracebacks; a value it cannot read is refused rather than ignored."""
-    value = os.environ.get(ENV_DEBUG, "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    if value in ("1", "true", "yes", "on"):
-        return True
+    value = os.environ.get(ENV_DEBUG, "")
+    flag = settings.parse_flag(value) if value.strip() else False
+    if flag is not None:
+        return flag
     raise ValueError(f"{ENV_DEBUG}={os.environ[ENV_DEBUG]!r}: use 1 (or true, yes, on) or 0")

@@ -91,8 +91,8 @@ class RemoteServing(Serving):
     def _published_server(self, deadline: float) -> PublishedServer | None:
         """The Triton() of this user that listens at the URL. One started at the same moment as this process
         answers before it has published its record: unless there is a workspace prepared by `kubetriton
-        bootstrap` to attach to instead, or the URL names another machine, wait for the record until
-        `deadline`."""
+        bootstrap` to attach to instead, wait for the record until `deadline` (a URL of another machine
+        was refused before Triton was asked)."""
         local = find_published(self._endpoint)
         if local is not None or self._bootstrapped():
             return local

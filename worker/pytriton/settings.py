@@ -226,6 +226,13 @@ _INDEXED_ITEM = re.compile(r"^(.+?)_(\d+)$")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
+def parse_flag(raw: str) -> bool | None:
+    """A flag as a variable of the environment writes it (`1`, `true`, `yes`, `on`, and their opposites, in
+    any case, blank for none); None when it is no flag."""
+    word = raw.strip().lower()
+    return True if word in _TRUE else False if word in _FALSE else None
+
+
 def _field_kind(name: str) -> type:
     return _FIELD_KINDS[name]
 
@@ -233,8 +240,8 @@ def _field_kind(name: str) -> type:
 def _parse_field(name: str, raw: str) -> Any:
     kind = _field_kind(name)
     if kind is bool:
-        if raw.lower() in _TRUE + _FALSE:
-            return raw.lower() in _TRUE
+        if (flag := parse_flag(raw)) is not None:
+            return flag
         raise ValueError(f"TritonConfig.{name}: {raw!r} is not a boolean (true/false, 1/0, yes/no, on/off)")
     if kind is list:
         return [item for item in raw.split(";") if item]

@@ -231,7 +231,7 @@ def _read_script(args: argparse.Namespace) -> tuple[script.Script, list[str], st
             ObjectMeta(name=args.name)
         except ValidationError as error:  # said here, before the names made from it fail too
             raise CommandError(
-                f"--name {args.name!r}: {error.errors()[0]['msg'].removeprefix('Value error, ')}"
+                f"--name {args.name!r}: {describe_validation_error(error).removeprefix('name: ')}"
             ) from None
         return files, models, args.name
     name = script.object_name(models[0], files.stem)

@@ -316,8 +316,8 @@ def _container_problem(
     killed = _startup_killed(container, warnings, startup_seconds)
     if killed:
         return killed
+    restarts = container.get("restartCount", 0)
     if reason == CRASH_LOOP and last_exit.get("reason") == OUT_OF_MEMORY:
-        restarts = container.get("restartCount", 0)
         return Diagnosis(
             OUT_OF_MEMORY,
             f"container {name} went past its memory limit and was killed ({restarts + 1} times); raise"
@@ -325,7 +325,6 @@ def _container_problem(
             stalled=restarts >= CRASH_LOOP_STALLED_RESTARTS,
         )
     if reason == CRASH_LOOP:
-        restarts = container.get("restartCount", 0)
         # a worker's output is its script's, which may hold other programs' log lines: its last line says why
         told = why_it_exited if name == TRITON_CONTAINER else last_line
         said = told(last_exit.get("message", "")) or last_exit.get("reason") or detail

@@ -96,6 +96,12 @@ class BaseModelClient(ModelAddress):
         )
 
 
+def ready_without_waiting(config: TritonModelConfig | None, ensure_model_is_ready: bool) -> bool:
+    """As in PyTriton, only a client given the model's config may skip the readiness wait: without it,
+    reading the config needs the model loaded anyway."""
+    return config is not None and not ensure_model_is_ready
+
+
 def version_text(model_version: str | int | None) -> str | None:
     """The model version as Triton's API takes it, a string: an int (as `bind(model_version=...)` takes
     one) is written out. tritonclient refuses anything else, and the readiness wait would retry that

@@ -68,9 +68,7 @@ class AsyncioModelClient(BaseModelClient):
             _protocol.DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else inference_timeout_s
         )
         self._model_config = TritonModelConfig.of(model_config)
-        # as in PyTriton, only a client given the model's config may skip the wait: without it, reading the
-        # config needs the model loaded anyway
-        self._model_ready = self._model_config is not None and not ensure_model_is_ready
+        self._model_ready = _protocol.ready_without_waiting(self._model_config, ensure_model_is_ready)
         self._access_token = access_token
         self._clients: dict[str, Any] = {}
         """The connection to each host requests go to: the URL's, or the replicas of a balanced name."""

@@ -101,9 +101,7 @@ class ModelClient(BaseModelClient):
             _protocol.DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else inference_timeout_s
         )
         self._model_config = TritonModelConfig.of(model_config)
-        # as in PyTriton, only a client given the model's config may skip the wait: without it, reading the
-        # config needs the model loaded anyway
-        self._model_ready = self._model_config is not None and not ensure_model_is_ready
+        self._model_ready = _protocol.ready_without_waiting(self._model_config, ensure_model_is_ready)
         self._access_token = access_token
         self._lock = threading.RLock()
         self._close_lock = threading.Lock()
@@ -634,9 +632,7 @@ class FuturesModelClient(_protocol.ModelAddress):
         self._init_timeout_s = init_timeout_s
         self._inference_timeout_s = inference_timeout_s
         self._model_config = TritonModelConfig.of(model_config)
-        # as in PyTriton, only a client given the model's config may skip the wait: without it, reading the
-        # config needs the model loaded anyway
-        self._model_ready = self._model_config is not None and not ensure_model_is_ready
+        self._model_ready = _protocol.ready_without_waiting(self._model_config, ensure_model_is_ready)
         self._access_token = access_token
         self._max_workers = max_workers
         self._max_queue_size = max_queue_size
