@@ -6,9 +6,9 @@ within 60 s of the first pod showing the problem (a waiting or failed container,
 Warning event about the pod), and the command that waits for it must exit non-zero within 30 s of that
 status, with the cause in its output: `kubetriton deploy`, or `kubetriton status NAME --wait` for the
 one case that `deploy` cannot make (a script ConfigMap that does not exist, from `kubectl apply`). Cases
-that need fields `deploy` has no flag for (a Secret, a node selector, a volume claim, `startupSeconds`)
-are applied with kubectl from `deploy --dry-run=client -o yaml`, then deployed again, as a user who
-edits the generated YAML would.
+that need fields `deploy` has no flag for (a Secret, a node selector, a volume claim, `startupSeconds`, a
+memory or disk limit) are applied with kubectl from `deploy --dry-run=client -o yaml`, then deployed
+again, as a user who edits the generated YAML would.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ with Triton() as triton:
 BATCHED = "ModelConfig(max_batch_size=4)"
 REFUSED_BY_TRITON = "ModelConfig(max_batch_size=4, batcher=DynamicBatcher(preferred_batch_size=[16]))"
 """Triton refuses it when it loads the generated config.pbtxt: a preferred batch size above the maximum."""
+FILLS_ITS_DISK = """with open("/tmp/cache.bin", "wb") as cache:  # the image's /tmp: the container's own disk
+    cache.writelines(bytes(2**20) for _ in range(256))  # 256 MiB, more than its 128Mi
+time.sleep(300)  # the kubelet, which looks every 10 s, evicts it before it serves"""
 POLL_S = 1.0
 DEGRADED_WITHIN_S = 60
 EXIT_WITHIN_S = 30
@@ -99,6 +102,10 @@ def _small_memory_limit(model: dict[str, Any]) -> None:
     model["spec"]["worker"]["resources"] = {"limits": {"memory": "192Mi"}}
 
 
+def _small_disk_limit(model: dict[str, Any]) -> None:
+    model["spec"]["worker"]["resources"] = {"limits": {"ephemeral-storage": "128Mi"}}
+
+
 CASES = {
     "a script that raises at its start": Case(
         _script('raise RuntimeError("the weights are not where the script looks")'),
@@ -142,6 +149,12 @@ CASES = {
         "OOMKilled",
         "container worker went past its memory limit and was killed",
         spec=_small_memory_limit,
+    ),
+    "a worker that writes past its disk limit": Case(
+        _script(FILLS_ITS_DISK),
+        "Evicted",
+        "raise spec.worker.resources.limits.ephemeral-storage",
+        spec=_small_disk_limit,
     ),
     "Triton refusing the generated configuration": Case(
         _script(config=REFUSED_BY_TRITON), "ModelConfigRejected", "Triton refused"

@@ -576,6 +576,19 @@ def test_a_cause_in_a_pod_of_an_earlier_script_does_not_end_the_wait() -> None:
     assert rollout.stalled(model("exceeded quota"), [old])["message"] == "exceeded quota"
 
 
+def test_an_evicted_pod_is_not_counted_beside_the_one_made_in_its_place() -> None:
+    spec = {"worker": {"image": "w:1", "script": {"configMap": "m-1"}}, "models": ["M"]}
+    evicted = exited_pod("m", "w:1", "m-1", "", exit_code=137, restarts=0)
+    evicted["status"].update(phase="Failed", reason="Evicted")
+    replacement = exited_pod("m", "w:1", "m-1", "", exit_code=1, restarts=0)
+    replacement["metadata"]["name"] = "m-5f7c9d8b6-fghij"
+    model = {"metadata": {"name": "m", "generation": 1}, "spec": spec, "status": {"observedGeneration": 1}}
+
+    shown = rollout.steps(model, [evicted, replacement])
+
+    assert (shown["scheduled"], shown["pulled"]) == ("pods scheduled: 1 of 1", "images pulled: 1 of 1")
+
+
 def observed_status(*conditions: tuple[str, str, str, str]) -> dict[str, Any]:
     """A model's status as the operator writes it for its first generation: (type, status, reason, message)
     of each condition."""

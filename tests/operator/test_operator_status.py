@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import kopf
 import pytest
 from kubetriton import podenv
-from kubetriton.operator import status
+from kubetriton.operator import reconciler, status
 from kubetriton.operator.spec import AutoscalingSpec, PyTritonModel
 
 MODEL = PyTritonModel.model_validate(
@@ -772,3 +773,217 @@ def test_a_change_of_replicas_alone_keeps_a_ready_model_ready() -> None:
     stale["metadata"]["generation"] = 4
     rolling = status.summarize(MODEL, stale, [], template_generation=4)["conditions"][0]
     assert (rolling["status"], rolling["reason"]) == ("False", "ReplicasNotReady"), "a new template rolls"
+
+
+# Evictions: the kubelet's words on a pod it evicted (Kubernetes 1.35), and what the status makes of them.
+PAST_POD_LIMIT = "Pod ephemeral local storage usage exceeds the total limit of containers 128Mi. "
+PAST_CONTAINER_LIMIT = 'Container worker exceeded its local ephemeral storage limit "128Mi". '
+PAST_VOLUME_LIMIT = 'Usage of EmptyDir volume "cache" exceeds the limit "1Gi". '
+NODE_LOW_ON_DISK = (
+    "The node was low on resource: ephemeral-storage. Threshold quantity: 1Gi, available: 812Mi. "
+    "Container worker was using 2Gi, which exceeds its request of 0. "
+)
+NODE_UNDER_PRESSURE = "The node had condition: [DiskPressure]. "
+TEMPLATE = "5d8f9c7b6"
+
+
+def evicted_pod(name: str, created: str, message: str = PAST_POD_LIMIT, template: str = TEMPLATE) -> dict:
+    """A pod of the model that the kubelet evicted, as the API server returns it."""
+    return {
+        "metadata": {"name": name, "creationTimestamp": created, "labels": {"pod-template-hash": template}},
+        "status": {
+            "phase": "Failed",
+            "reason": "Evicted",
+            "message": message,
+            "conditions": [
+                {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"},
+                {"type": "Ready", "status": "False", "reason": "PodFailed"},
+                {"type": "PodScheduled", "status": "True"},
+            ],
+            "containerStatuses": [
+                {
+                    "name": "worker",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 137, "reason": "Error", "message": "loading\n"}},
+                }
+            ],
+        },
+    }
+
+
+def running_pod(name: str, created: str, ready: bool, template: str = TEMPLATE) -> dict[str, Any]:
+    """A pod of the model whose worker runs: it serves when ready, else it loads its models."""
+    pod = waiting_pod("worker", "", running=True)
+    pod["metadata"] = {"name": name, "creationTimestamp": created, "labels": {"pod-template-hash": template}}
+    pod["status"]["phase"] = "Running"
+    pod["status"]["containerStatuses"][0]["ready"] = ready
+    pod["status"]["conditions"] = [{"type": "Ready", "status": str(ready)}]
+    return pod
+
+
+def by_type(model: PyTritonModel, dep: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, dict]:
+    return {c["type"]: c for c in status.summarize(model, dep, pods)["conditions"]}
+
+
+EVICTIONS = [
+    (
+        "past the pod's limit",
+        PAST_POD_LIMIT,
+        True,
+        "the pod's files, logs and emptyDir volumes went past its ephemeral-storage limit (128Mi, its"
+        " containers' limits together), and it was evicted (1 pod evicted so far); raise"
+        " spec.worker.resources.limits.ephemeral-storage, or make the worker write less to its disk and"
+        " emptyDir volumes",
+    ),
+    (
+        "past the worker's limit",
+        PAST_CONTAINER_LIMIT,
+        True,
+        "container worker went past its ephemeral-storage limit (128Mi) with its files and logs, and the pod"
+        " was evicted (1 pod evicted so far); raise spec.worker.resources.limits.ephemeral-storage, or make"
+        " it write less to its disk",
+    ),
+    (
+        "past an emptyDir's sizeLimit",
+        PAST_VOLUME_LIMIT,
+        True,
+        "emptyDir volume cache went past its sizeLimit (1Gi), and the pod was evicted (1 pod evicted so far);"
+        " raise its sizeLimit in spec.volumes, or write less to it",
+    ),
+    (
+        "a node low on disk",
+        NODE_LOW_ON_DISK,
+        False,
+        "the node ran low on ephemeral-storage, and the pod was evicted (1 pod evicted so far): container"
+        " worker used 2Gi, more than it requests; request what it uses in"
+        " spec.worker.resources.requests.ephemeral-storage (pods past their requests are evicted first)",
+    ),
+    (
+        "a node under pressure",
+        NODE_UNDER_PRESSURE,
+        False,
+        "the pod was evicted (1 pod evicted so far): The node had condition: [DiskPressure].",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("message", "stalled", "said"), [case[1:] for case in EVICTIONS], ids=[case[0] for case in EVICTIONS]
+)
+def test_an_evicted_pod_says_why_while_its_replacement_loads(message: str, stalled: bool, said: str) -> None:
+    pods = [
+        evicted_pod("esm1-a", "2026-01-01T00:00:00Z", message),
+        running_pod("esm1-b", "2026-01-01T00:01:00Z", ready=False),
+    ]
+    found = by_type(MODEL, deployment(replicas=1, wanted=1), pods)
+    assert found["Degraded"]["status"] == "True"
+    assert found["Degraded"]["reason"] == found["Ready"]["reason"] == "Evicted"
+    assert found["Degraded"]["message"] == f"pod esm1-a: {said}"
+    assert found["Ready"]["message"] == f"0/1 replicas ready; pod esm1-a: {said}"
+    assert (found["Progressing"]["status"], found["Progressing"]["reason"]) == (
+        ("False", "Stalled") if stalled else ("True", "RollingOut")
+    )
+
+
+def test_the_newest_eviction_is_named_with_how_many_there_were() -> None:
+    pods = [
+        evicted_pod("esm1-a", "2026-01-01T00:00:00Z"),
+        evicted_pod("esm1-b", "2026-01-01T00:01:00Z", PAST_CONTAINER_LIMIT),
+        evicted_pod("esm1-c", "2026-01-01T00:02:00Z"),
+        evicted_pod("esm1-old", "2025-12-31T00:00:00Z", template="0ld"),
+        running_pod("esm1-d", "2026-01-01T00:03:00Z", ready=False),
+    ]
+    degraded = by_type(MODEL, deployment(replicas=1, wanted=1), pods)["Degraded"]
+    assert degraded["message"].startswith("pod esm1-c: the pod's files, logs and emptyDir volumes")
+    assert "it was evicted (3 pods evicted so far)" in degraded["message"]
+
+
+def test_an_eviction_is_named_until_a_pod_made_after_it_is_ready() -> None:
+    serving = running_pod("esm1-a", "2026-01-01T00:00:00Z", ready=True)
+    evicted = evicted_pod("esm1-b", "2026-01-01T00:01:00Z")
+    replacement = running_pod("esm1-c", "2026-01-01T00:02:00Z", ready=False)
+    found = by_type(MODEL, deployment(ready=1), [serving, evicted, replacement])
+    assert (found["Degraded"]["reason"], found["Progressing"]["status"]) == ("Evicted", "False")
+    assert found["Degraded"]["message"].startswith("pod esm1-b: ")
+    # the replacement serves; another pod, made later, loads: the model waits for it, and nothing is wrong
+    replacement = running_pod("esm1-c", "2026-01-01T00:02:00Z", ready=True)
+    later = running_pod("esm1-d", "2026-01-01T00:03:00Z", ready=False)
+    found = by_type(MODEL, deployment(ready=1), [evicted, replacement, later])
+    assert (found["Degraded"]["status"], found["Degraded"]["reason"]) == ("False", "AsExpected")
+    assert (found["Ready"]["reason"], found["Progressing"]["status"]) == ("Loading", "True")
+
+
+def test_an_eviction_is_forgotten_once_the_model_has_every_replica_ready() -> None:
+    """Scaled from 2 replicas to 1 while the evicted pod's replacement loaded: the replacement went, and
+    the evicted pod is the newest of its template, beside an older one that serves."""
+    serving = running_pod("esm1-a", "2026-01-01T00:00:00Z", ready=True)
+    evicted = evicted_pod("esm1-b", "2026-01-01T00:01:00Z")
+    assert by_type(MODEL, deployment(ready=1), [serving, evicted])["Degraded"]["reason"] == "Evicted"
+    found = by_type(MODEL, deployment(ready=1, replicas=1, wanted=1), [serving, evicted])
+    assert (found["Ready"]["status"], found["Ready"]["reason"]) == ("True", "AllReplicasReady")
+    assert (found["Degraded"]["status"], found["Progressing"]["reason"]) == ("False", "RolloutComplete")
+
+
+def test_an_eviction_of_an_earlier_template_is_not_the_rollouts() -> None:
+    """The limit was raised after an eviction: the new template's pod loads, the evicted pod stays."""
+    one = deployment(replicas=1, wanted=1)
+    evicted = evicted_pod("esm1-a", "2026-01-01T00:00:00Z", template="small")
+    loading = running_pod("esm1-b", "2026-01-01T00:01:00Z", ready=False, template="small")
+    assert by_type(MODEL, one, [evicted, loading])["Degraded"]["status"] == "True"
+    rolled = running_pod("esm1-c", "2026-01-01T00:02:00Z", ready=False, template="raised")
+    found = by_type(MODEL, one, [evicted, rolled])
+    assert (found["Degraded"]["status"], found["Ready"]["reason"]) == ("False", "Loading")
+    assert (found["Progressing"]["status"], found["Progressing"]["reason"]) == ("True", "RollingOut")
+
+
+def test_the_replacements_own_problem_is_named_over_the_eviction() -> None:
+    one = deployment(replicas=1, wanted=1)
+    evicted = evicted_pod("esm1-a", "2026-01-01T00:00:00Z")
+    replacement = running_pod("esm1-b", "2026-01-01T00:01:00Z", ready=False)
+    assert by_type(MODEL, one, [evicted, replacement])["Ready"]["reason"] == "Evicted"
+    crashing = waiting_pod(
+        "worker", "CrashLoopBackOff", last={"exitCode": 1, "message": "OSError: disk full"}
+    )
+    crashing["metadata"] = replacement["metadata"]
+    degraded = by_type(MODEL, one, [evicted, crashing])["Degraded"]
+    assert (degraded["reason"], degraded["message"]) == (
+        "CrashLoopBackOff",
+        "pod esm1-b: container worker exited with code 1 1 times: OSError: disk full",
+    )
+
+
+def test_an_evicted_pod_is_named_for_its_eviction_not_for_its_containers_past() -> None:
+    """A slow load, restarted once by its startup probe, then evicted for what it wrote."""
+    pod, warnings = stuck(evicted_pod("esm1-x", ""), event("Unhealthy", PROBE, container="worker"))
+    restarted = {"restartCount": 1, "lastState": {"terminated": {"exitCode": 143, "reason": "Error"}}}
+    pod["status"]["containerStatuses"][0].update(restarted)
+    summary = status.summarize(MODEL, deployment(), [pod], warnings={"esm1-x": warnings})
+    degraded = {c["type"]: c for c in summary["conditions"]}["Degraded"]
+    assert degraded["reason"] == "Evicted"
+    assert degraded["message"].startswith("pod esm1-x: the pod's files, logs and emptyDir volumes went past")
+
+
+async def indexed(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods as the operator keeps them in its index, which is what it hands to the status."""
+    kept = []
+    for pod in pods:
+        labels = pod["metadata"]["labels"]
+        summary = await reconciler._pod_summary(body=kopf.Body(pod), namespace="models", labels=labels)
+        kept.extend(summary.values())
+    return kept
+
+
+@pytest.mark.asyncio
+async def test_the_operator_keeps_of_each_pod_what_its_eviction_needs() -> None:
+    """Its reason and message, its Ready condition (a replacement that serves) and its template."""
+    evicted = evicted_pod("esm1-a", "2026-01-01T00:00:00Z")
+    loading = running_pod("esm1-c", "2026-01-01T00:02:00Z", ready=False)
+    found = by_type(MODEL, deployment(ready=1), await indexed([evicted, loading]))
+    assert (found["Degraded"]["reason"], found["Progressing"]["reason"]) == ("Evicted", "Stalled")
+    replaced = running_pod("esm1-b", "2026-01-01T00:01:00Z", ready=True)
+    found = by_type(MODEL, deployment(ready=1), await indexed([evicted, replaced, loading]))
+    assert found["Degraded"]["status"] == "False"
+    rolled = running_pod("esm1-c", "2026-01-01T00:02:00Z", ready=False, template="raised")
+    found = by_type(MODEL, deployment(ready=1), await indexed([evicted, rolled]))
+    assert found["Degraded"]["status"] == "False"

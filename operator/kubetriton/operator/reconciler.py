@@ -273,8 +273,9 @@ async def _child_summary(
 async def _pod_summary(
     body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any
 ) -> dict[Key, Any]:
-    """What the status reads of a pod (its age, volume claims, scheduling condition and containers' states),
-    and what the autoscaler needs (whether it is Ready, its address)."""
+    """What the status reads of a pod (its age and template, volume claims, scheduling and Ready conditions,
+    containers' states, why it failed: an eviction), and what the autoscaler needs (whether it is Ready,
+    its address)."""
     observed = body.status
 
     def containers(field: str) -> list[dict[str, Any]]:
@@ -282,21 +283,24 @@ async def _pod_summary(
         return [{key: entry[key] for key in kept if key in entry} for entry in observed.get(field) or []]
 
     conditions = observed.get("conditions") or []
-    scheduling = [c for c in conditions if c.get("type") == "PodScheduled"]
+    read_conditions = [c for c in conditions if c.get("type") in ("PodScheduled", "Ready")]
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     claims = [volume for volume in body.spec.get("volumes") or [] if volume.get("persistentVolumeClaim")]
+    template = labels.get(status.TEMPLATE_HASH_LABEL)
     return {
         (namespace, labels.get(naming.INSTANCE_LABEL, "")): {
             "metadata": {
                 "name": body.metadata.name,
                 "creationTimestamp": body.metadata.get("creationTimestamp", ""),
+                "labels": {status.TEMPLATE_HASH_LABEL: template} if template else {},
                 **({"deletionTimestamp": True} if body.metadata.get("deletionTimestamp") else {}),
             },
             "spec": {"volumes": claims},
             "status": {
                 "podIP": observed.get("podIP", ""),
                 "ready": ready,
-                "conditions": scheduling,
+                **{key: observed[key] for key in ("reason", "message") if key in observed},
+                "conditions": read_conditions,
                 "initContainerStatuses": containers("initContainerStatuses"),
                 "containerStatuses": containers("containerStatuses"),
             },

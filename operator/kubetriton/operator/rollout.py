@@ -111,7 +111,8 @@ def steps(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> dict[str, str
     if not observed(model):
         return {"operator": "waiting for the operator to take the new spec"}
     wanted = wanted_replicas(model)
-    mine = current_pods(model, pods)
+    # a Failed pod (evicted) stays beside the one made in its place: it is not one of the wanted
+    mine = [pod for pod in current_pods(model, pods) if (pod.get("status") or {}).get("phase") != "Failed"]
     shown: dict[str, str] = {}
     if mine:
         shown["scheduled"] = (

@@ -5,6 +5,9 @@ pods (mount failures, probe failures) and its last failure to apply a child, and
 out. The reasons name the problem a user can act on (no GPU left, a volume or a Secret missing, image
 not pulled, worker crashing, a declared model the script never binds, a child the API server refused)
 rather than the generic "not ready", and the message says which object, container or model it is.
+A pod the kubelet evicted (past a disk limit of its own, or from a node short of a resource) stays,
+Failed, beside the pod made in its place: its eviction is named while it explains missing replicas
+(`_current_evictions`), not after its replacement serves.
 
 A problem sets Degraded. Where nothing changes without the user (a missing ConfigMap stays missing, a
 script that raised raises again), it also sets Progressing=False (Stalled): that is what `kubetriton
@@ -48,6 +51,11 @@ CONTAINER_ERROR = "CreateContainerError"
 CRASH_LOOP = "CrashLoopBackOff"
 OUT_OF_MEMORY = "OOMKilled"
 """The kernel killed a container that went past its memory limit (the kubelet's reason for its exit)."""
+EVICTED = "Evicted"
+"""The kubelet evicted the pod (the reason of a Failed pod): past an ephemeral-storage limit or an emptyDir's
+sizeLimit of its own, or from a node low on a resource."""
+TEMPLATE_HASH_LABEL = "pod-template-hash"
+"""The label that says of which pod template (ReplicaSet) of its Deployment a pod is."""
 WORKER_IMAGE_UNSUPPORTED = "WorkerImageUnsupported"
 NO_PYTHON = '"python3": executable file not found'
 """What the container runtime says when the launcher's `python3` is not in the worker image."""
@@ -83,6 +91,7 @@ _SEVERITY = (
     MODEL_CONFIG_REJECTED,
     STARTUP_PROBE_FAILED,
     OUT_OF_MEMORY,
+    EVICTED,
     CRASH_LOOP,
     MODEL_LOAD_FAILED,
     "ReplicaFailure",
@@ -106,6 +115,16 @@ STARTUP_PROBE_FAILURE = "Startup probe failed"
 """How the kubelet's Unhealthy warning begins when a container's startup probe fails."""
 STOPPED_EXIT_CODES = (128 + 9, 128 + 15)
 """A container's exit status when the kubelet stopped it: SIGKILL, or SIGTERM that the launcher ends on."""
+_PAST_CONTAINER_LIMIT = re.compile(r'Container (\S+) exceeded its local ephemeral storage limit "([^"]+)"')
+_PAST_POD_LIMIT = re.compile(
+    r"Pod ephemeral local storage usage exceeds the total limit of containers (\S+?)\.?(?:\s|$)"
+)
+_PAST_VOLUME_LIMIT = re.compile(r'Usage of EmptyDir volume "([^"]+)" exceeds the limit "([^"]+)"')
+_NODE_LOW = re.compile(r"The node was low on resource: ([\w-]+)\.")
+_PAST_REQUEST = re.compile(r"Container (\S+) was using (\S+?),")
+"""The kubelet's words for an eviction (Kubernetes 1.35): past a container's ephemeral-storage limit, the
+pod's (its containers' limits together) or an emptyDir's sizeLimit; or a node low on a resource, with the
+containers that use more of it than they request."""
 
 
 @dataclass(frozen=True)
@@ -365,6 +384,48 @@ def diagnose_pod(
     return Diagnosis(found.reason, about_pod(pod["metadata"]["name"]) + found.message, found.stalled)
 
 
+def _eviction(pod: Mapping[str, Any], evictions: int) -> Diagnosis:
+    """Why the kubelet evicted the pod (its `status.message`) and what to change; `evictions` counts the
+    evicted pods of its template. Past a limit of its own, the pod made in its place runs the same spec and
+    goes past it again: stalled. A node low on a resource may have room again, or the new pod may go to
+    another node."""
+    message = ((pod.get("status") or {}).get("message") or "").strip()
+    times = f"{evictions} pod{'' if evictions == 1 else 's'} evicted so far"
+    stalled = True
+    if found := _PAST_CONTAINER_LIMIT.search(message):
+        container, limit = found.groups()
+        said = (
+            f"container {container} went past its ephemeral-storage limit ({limit}) with its files and logs,"
+            f" and the pod was evicted ({times}); raise spec.{container}.resources.limits.ephemeral-storage,"
+            " or make it write less to its disk"
+        )
+    elif found := _PAST_POD_LIMIT.search(message):
+        said = (
+            "the pod's files, logs and emptyDir volumes went past its ephemeral-storage limit"
+            f" ({found.group(1)}, its containers' limits together), and it was evicted ({times}); raise"
+            " spec.worker.resources.limits.ephemeral-storage, or make the worker write less to its disk and"
+            " emptyDir volumes"
+        )
+    elif found := _PAST_VOLUME_LIMIT.search(message):
+        volume, limit = found.groups()
+        said = (
+            f"emptyDir volume {volume} went past its sizeLimit ({limit}), and the pod was evicted ({times});"
+            " raise its sizeLimit in spec.volumes, or write less to it"
+        )
+    elif (low := _NODE_LOW.search(message)) and (user := _PAST_REQUEST.search(message)):
+        resource = low.group(1)
+        container, used = user.groups()
+        said = (
+            f"the node ran low on {resource}, and the pod was evicted ({times}): container {container} used"
+            f" {used}, more than it requests; request what it uses in"
+            f" spec.{container}.resources.requests.{resource} (pods past their requests are evicted first)"
+        )
+        stalled = False
+    else:
+        said, stalled = f"the pod was evicted ({times}): {message}", False
+    return Diagnosis(EVICTED, about_pod(pod["metadata"]["name"]) + said, stalled)
+
+
 def about_pod(name: str) -> str:
     """How a problem's message begins: the pod it is about."""
     return f"pod {name}: "
@@ -390,6 +451,44 @@ def loading(pods: Iterable[Mapping[str, Any]]) -> list[str]:
     return sorted(names)
 
 
+def _created(pod: Mapping[str, Any]) -> str:
+    return (pod.get("metadata") or {}).get("creationTimestamp") or ""
+
+
+def _template(pod: Mapping[str, Any]) -> str | None:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(TEMPLATE_HASH_LABEL)
+
+
+def _evicted(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("reason") == EVICTED
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(found.get("type") == "Ready" and found.get("status") == "True" for found in conditions)
+
+
+def _current_evictions(
+    deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
+) -> list[tuple[str, Diagnosis]]:
+    """The evictions that say why replicas are missing now, each with its pod's creation time.
+
+    An evicted pod stays, Failed, until the cluster's pod garbage collection, and its ReplicaSet makes
+    another in its place. Its eviction counts while the Deployment has fewer ready replicas than it wants,
+    if the pod is of the newest pod's template (an earlier template's eviction is not the rollout's), and
+    until a pod of that template created in a later second is Ready (its replacement serves)."""
+    wanted = ((deployment or {}).get("spec") or {}).get("replicas", 1)
+    ready = ((deployment or {}).get("status") or {}).get("readyReplicas", 0)
+    if not pods or ready >= wanted:
+        return []
+    template = _template(max(pods, key=_created))
+    evicted = [pod for pod in pods if _evicted(pod) and _template(pod) == template]
+    newest_ready = max(
+        (_created(pod) for pod in pods if _ready(pod) and _template(pod) == template), default=""
+    )
+    return [(_created(pod), _eviction(pod, len(evicted))) for pod in evicted if _created(pod) >= newest_ready]
+
+
 def _deployment_problem(deployment: Mapping[str, Any]) -> Diagnosis | None:
     for condition in (deployment.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "ReplicaFailure" and condition.get("status") == "True":
@@ -407,13 +506,17 @@ def diagnose(
     startup_seconds: int = 0,
 ) -> Diagnosis | None:
     """The problem to report: of the newest pod that has one (in a rollout, the new pods' problem, not
-    the old ones'), the most severe of those created in the same second; else the Deployment's."""
-    found = []
+    the old ones'), the most severe of those created in the same second; else the Deployment's. An
+    evicted pod's problem is its eviction, while that counts (`_current_evictions`)."""
+    pods = list(pods)
+    found = _current_evictions(deployment, pods)
     for pod in pods:
+        if _evicted(pod):
+            continue
         name = pod["metadata"]["name"]
         problem = diagnose_pod(pod, gpu_resource, (warnings or {}).get(name, ()), startup_seconds)
         if problem is not None:
-            found.append((pod["metadata"].get("creationTimestamp") or "", problem))
+            found.append((_created(pod), problem))
     if found:
         newest = max(created for created, _ in found)
         problems = [problem for created, problem in found if created == newest]
