@@ -54,3 +54,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 def installed(name: str) -> Installed:
     """The chart installed with VALUE_SETS[name] into a fresh emulator (once per session)."""
     return asyncio.run(install(VALUE_SETS[name], release=RELEASE, namespace=NAMESPACE))
+
+
+def lease_name(release: Installed) -> str:
+    """The Lease the release's operator is told to hold (its `--lease-name`)."""
+    (operator,) = release.one("Deployment")["spec"]["template"]["spec"]["containers"]
+    (lease,) = [arg.split("=", 1)[1] for arg in operator["args"] if arg.startswith("--lease-name=")]
+    return lease

@@ -18,7 +18,7 @@ import yaml
 from helm_cluster import HelmFailed, Installed, install, problems, requires_helm
 from kubetriton.operator import main as operator_main
 from kubetriton.operator import rbac
-from releases import NAMESPACE, RELEASE, installed
+from releases import NAMESPACE, RELEASE, installed, lease_name
 
 pytestmark = requires_helm
 
@@ -77,7 +77,8 @@ def test_the_lease_role_grants_the_leader_election_rules_in_the_release_namespac
     account = release.one("Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
     roles = [r for r in release.find("Role") if any("leases" in rule["resources"] for rule in r["rules"])]
     (role,) = roles
-    assert role["metadata"]["namespace"] == NAMESPACE and role["rules"] == rbac.LEADER_ELECTION_RULES
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == rbac.leader_election_rules(lease_name(release))
     (binding,) = [b for b in release.find("RoleBinding") if b["roleRef"]["name"] == role["metadata"]["name"]]
     assert binding["metadata"]["namespace"] == NAMESPACE
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]

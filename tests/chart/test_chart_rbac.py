@@ -8,29 +8,34 @@ from typing import Any
 import pytest
 from helm_cluster import requires_helm
 from kubetriton.operator import rbac
-from releases import NAMESPACE, VALUE_SETS, installed
+from releases import NAMESPACE, VALUE_SETS, installed, lease_name
 
 pytestmark = requires_helm
 
-Grant = tuple[str | None, str, str, str]
-"""(namespace, or None for cluster-wide; API group; resource; verb)."""
+Grant = tuple[str | None, str, str, str, str]
+"""(namespace, or None for cluster-wide; API group; resource; verb; the one object's name, or "" for any)."""
 
 CLUSTER_SCOPED = {"namespaces", "customresourcedefinitions"}
 """The cluster-scoped resources among those the operator uses: Roles cannot grant them."""
 
 
-def _triples(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+def _allowed(rules: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
+    """(group, resource, verb, name) of each thing the rules allow; the name "" for any object."""
     return {
-        (group, resource, verb)
+        (group, resource, verb, name)
         for rule in rules
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
+        for name in rule.get("resourceNames") or [""]
     }
 
 
-LEASE_GRANTS = {(NAMESPACE, *triple) for triple in _triples(rbac.LEADER_ELECTION_RULES)}
-"""Leader election's grants: its Lease, in the operator's own namespace only, in every watch mode."""
+def _lease_grants(name: str) -> set[Grant]:
+    """Leader election's grants: the Lease the operator is told to hold, in its own namespace only, in
+    every watch mode."""
+    lease = lease_name(installed(name))
+    return {(NAMESPACE, *allowed) for allowed in _allowed(rbac.leader_election_rules(lease))}
 
 
 def _grants(name: str) -> set[Grant]:
@@ -48,7 +53,7 @@ def _grants(name: str) -> set[Grant]:
         (role,) = [
             r for r in release.find(kind, role_name) if r["metadata"].get("namespace") == role_namespace
         ]
-        grants |= {(scope, *triple) for triple in _triples(role["rules"])}
+        grants |= {(scope, *allowed) for allowed in _allowed(role["rules"])}
     return grants
 
 
@@ -63,7 +68,7 @@ def _operator_objects(name: str, kind: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("name", ["defaults", "crd-not-kept"])
 def test_watching_every_namespace_grants_the_rules_cluster_wide(name: str) -> None:
-    assert _grants(name) == {(None, *triple) for triple in _triples(rbac.RULES)} | LEASE_GRANTS
+    assert _grants(name) == {(None, *allowed) for allowed in _allowed(rbac.RULES)} | _lease_grants(name)
     roles = [role["metadata"]["name"] for role in _operator_objects(name, "Role")]
     bindings = [binding["metadata"]["name"] for binding in _operator_objects(name, "RoleBinding")]
     assert roles == bindings == ["kubetriton-leader-election"], "no Role but the Lease's"
@@ -79,10 +84,10 @@ def test_watching_every_namespace_grants_the_rules_cluster_wide(name: str) -> No
 )
 def test_watching_namespaces_grants_namespaced_rules_only_there(name: str, namespaces: set[str]) -> None:
     expected: set[Grant] = set()
-    for group, resource, verb in _triples(rbac.RULES):
+    for group, resource, verb, object_name in _allowed(rbac.RULES):
         scopes = {None} if resource in CLUSTER_SCOPED else namespaces
-        expected |= {(scope, group, resource, verb) for scope in scopes}
-    assert _grants(name) == expected | LEASE_GRANTS
+        expected |= {(scope, group, resource, verb, object_name) for scope in scopes}
+    assert _grants(name) == expected | _lease_grants(name)
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -103,11 +108,11 @@ def test_users_who_edit_a_namespace_may_manage_models_there() -> None:
     assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
     assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
     assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
-    edit_grants, view_grants = _triples(edit["rules"]), _triples(view["rules"])
+    edit_grants, view_grants = _allowed(edit["rules"]), _allowed(view["rules"])
     for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
-        assert ("kubetriton.dev", "pytritonmodels", verb) in edit_grants
-    assert {verb for _, _, verb in view_grants} == {"get", "list", "watch"}
-    assert {group for group, _, _ in edit_grants | view_grants} == {"kubetriton.dev"}
+        assert ("kubetriton.dev", "pytritonmodels", verb, "") in edit_grants
+    assert {verb for _, _, verb, _ in view_grants} == {"get", "list", "watch"}
+    assert {group for group, _, _, _ in edit_grants | view_grants} == {"kubetriton.dev"}
 
 
 def test_aggregation_can_be_turned_off() -> None:

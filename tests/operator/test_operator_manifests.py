@@ -70,13 +70,14 @@ def test_rbac_grants_only_what_the_operator_uses() -> None:
         for resource in rule["resources"]
     }
     assert grants[("", "pods")] == {"list", "watch"}
-    assert grants[("", "events")] == {"list", "watch", "create", "patch"}  # read: pods' warnings
+    assert grants[("", "events")] == {"list", "watch", "create"}  # read: pods' warnings; kopf only posts
+    assert grants[("kubetriton.dev", "pytritonmodels")] == {"list", "watch"}  # never read one by one
     # every child is deleted once its model no longer wants it: a router's Deployment and ConfigMap too;
     # and read before the model's first apply, so that an object of its name that is not the model's is
     # not taken over
     assert grants[("apps", "deployments")] == {"get", "list", "watch", "create", "patch", "delete"}
     assert grants[("", "configmaps")] == {"get", "list", "watch", "create", "patch", "delete"}
-    assert grants[("kubetriton.dev", "pytritonmodels/status")] == {"get", "patch"}
+    assert grants[("kubetriton.dev", "pytritonmodels/status")] == {"patch"}
     assert all("*" not in verbs and "update" not in verbs for verbs in grants.values())
     assert ("", "secrets") not in grants
 
