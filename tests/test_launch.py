@@ -134,7 +134,10 @@ def test_sigterm_ends_a_script_that_is_still_loading(workspace, tmp_path):
 
 def test_the_launcher_and_the_pod_contract_agree():
     assert launch.UNSUPPORTED_IMAGE_EXIT_CODE == podenv.UNSUPPORTED_IMAGE_EXIT_CODE
+    assert launch.CONFIGURATION_ERROR_EXIT_CODE == podenv.CONFIGURATION_ERROR_EXIT_CODE
+    assert tuple(error.__name__ for error in podenv.CONFIGURATION_ERRORS) == launch.CONFIGURATION_ERRORS
     assert launch.EXEC == podenv.LAUNCHER_EXEC
+    assert launch.LOCAL == podenv.LAUNCHER_LOCAL
     assert (launch.PROCESS_COUNT, launch.PROCESS_INDEX) == (
         podenv.ENV_PROCESS_COUNT,
         podenv.ENV_PROCESS_INDEX,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import urllib.error
@@ -265,3 +266,24 @@ def test_a_process_count_that_is_no_count_is_refused_in_words(given: str, said: 
         text=True,
     )
     assert result.returncode == 2 and f"argument --processes: {said}" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_configuration_error_ends_the_run_at_once_with_its_own_status(tmp_path, processes: str) -> None:
+    script = tmp_path / "serve.py"
+    script.write_text("from pytriton.triton import Triton\n\nTriton()\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "kubetriton.cli", "run", "--processes", processes, str(script)],
+        env={**os.environ, podenv.ENV_DEBUG: "maybe"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    refusal = "PyTritonValidationError: KUBETRITON_DEBUG='maybe': use 1 (or true, yes, on) or 0"
+    assert result.returncode == podenv.CONFIGURATION_ERROR_EXIT_CODE, result.stderr
+    if processes == "1":
+        assert result.stderr == f"{refusal}\n"
+    else:
+        assert "starting it again" not in result.stderr, "no restart mends a configuration error"
+        assert "Traceback" not in result.stderr
+        assert result.stderr.splitlines()[-1].endswith(f"exited with code 65; its last lines: {refusal}")

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import marshal
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -701,3 +706,172 @@ def test_a_worker_refuses_a_proxy_of_another_wire_version_with_a_message_for_eac
     finally:
         server.stop()
         server.join(10)
+
+
+ECHO = ModelSpec(
+    "m",
+    (Tensor(name="x", shape=(-1,), dtype=np.uint8),),
+    (Tensor(name="y", shape=(-1,), dtype=np.uint8),),
+    ModelConfig(max_batch_size=8),
+    1,
+)
+
+
+@pytest.fixture
+def short_folder() -> Iterator[Path]:
+    """A new folder with a path short enough for the sockets below it (pytest's `tmp_path` may not be)."""
+    folder = Path(tempfile.mkdtemp(prefix="kt-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def echo_instance(folder: Path) -> Iterator[TransportSettings]:
+    """An instance server of ECHO, whose callable returns its input, every tensor crossing through an arena
+    (an inline limit of 0), its sockets in `folder`/sockets and its arenas in `folder`/arenas."""
+    settings = TransportSettings(
+        sockets_dir=folder / "sockets",
+        arena_dir=folder / "arenas",
+        arena_bytes=1 << 20,
+        inline_limit=0,
+        busy_poll_us=0,
+    )
+    settings.sockets_dir.mkdir()
+    settings.arena_dir.mkdir()
+    server = InstanceServer(
+        ECHO,
+        0,
+        lambda requests: [{"y": r["x"]} for r in requests],
+        settings,
+        debug=False,
+        on_unrecoverable=print,
+    )
+    server.start()
+    try:
+        yield settings
+    finally:
+        server.stop()
+        server.join(10)
+
+
+def _send_hello_and_a_request(hop: Hop, requests_path: str, responses_path: str, nbytes: int) -> None:
+    """A HELLO naming these arenas, then a request whose input is the first `nbytes` of the request arena."""
+    hop.send([encode_message(HELLO, text=hello_text(requests_path, responses_path))])
+    descriptor = ("x", np.dtype(np.uint8).str, (1, nbytes), 0, 0, nbytes)
+    hop.send([encode_message(REQUEST, 1, [([descriptor], "", None)])])
+
+
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="another user's file or process needs root to make")
+
+
+def _named_arenas(case: str, folder: Path) -> tuple[Path, Path]:
+    """What a HELLO names as its request and response arenas: `folder`/secret and `folder`/victim, which
+    lie outside the arena directory `folder`/arenas, or entries inside it that lead to them."""
+    targets = (folder / "secret", folder / "victim")
+    if case == "outside":
+        return targets
+    if case == "up-and-out":
+        return folder / "arenas/../secret", folder / "arenas/../victim"
+    inside = (folder / "arenas" / "a.req", folder / "arenas" / "a.resp")
+    for entry, target in zip(inside, targets, strict=True):
+        if case == "symbolic-links-inside":
+            os.symlink(target, entry)
+        elif case == "hard-links-inside":
+            os.link(target, entry)
+        else:  # another user's files inside
+            os.rename(target, entry)
+            os.chown(entry, 65534, 65534)
+    return inside
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "outside",
+        "up-and-out",
+        "symbolic-links-inside",
+        "hard-links-inside",
+        pytest.param("another-users-files-inside", marks=AS_ROOT),
+    ],
+)
+def test_a_hello_naming_arenas_that_are_not_the_workers_is_refused_and_nothing_is_read_or_written(
+    case, short_folder, caplog
+):
+    """Whoever reaches a hop could name any file as an arena: the worker would map the "request arena" and
+    answer with what it holds, and write its answer into the "response arena". Only regular files of the
+    worker's user with one link, right inside the arena directory it told Triton, opened without following
+    a link, are taken; otherwise every request fails with the reason, which the worker also logs."""
+    folder = short_folder
+    secret, victim = b"root-only secret", b"must stay as it is; " * 4
+    with echo_instance(folder) as settings:
+        (folder / "secret").write_bytes(secret)
+        (folder / "victim").write_bytes(victim)
+        requests_path, responses_path = _named_arenas(case, folder)
+        hop = Hop.connect(settings.hop_path("m", 0))
+        with caplog.at_level(logging.ERROR, logger="kubetriton.worker"):
+            _send_hello_and_a_request(hop, str(requests_path), str(responses_path), len(secret))
+            assert hop.readable(10_000), "the worker did not answer"
+            answer = hop.receive()
+        hop.close()
+    reply = decode_message(answer[0])
+    assert (reply.kind, reply.id) == (ERROR, 1), "the worker served from a file that is not its arena"
+    assert str(requests_path) in reply.text and "arena" in reply.text
+    assert not any(secret in bytes(frame) for frame in answer)
+    assert responses_path.read_bytes() == victim
+    assert requests_path.read_bytes() == secret
+    assert str(requests_path) in caplog.text
+
+
+def _as_another_user(hop_path: str, messages: list[list[bytes]]) -> str:
+    """What a process of user 65534 gets once it has sent `messages` through the hop at `hop_path`:
+    "answered", or "dropped" when the worker ended the connection. A fork, not a new interpreter, which
+    that user may not be allowed to run."""
+    readable, writable = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # about forking a process with threads
+        pid = os.fork()
+    if pid == 0:  # the child makes system calls only, then exits without the parent's clean-ups
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            hop = Hop.connect(hop_path)
+            try:
+                for frames in messages:
+                    hop.send(frames)
+                outcome = b"dropped" if hop.receive() is None else b"answered"
+            except OSError:
+                outcome = b"dropped"
+        except BaseException as error:
+            outcome = repr(error).encode()
+        os.write(writable, outcome)
+        os._exit(0)
+    os.close(writable)
+    os.waitpid(pid, 0)
+    with os.fdopen(readable, "rb") as result:
+        return result.read().decode()
+
+
+@AS_ROOT
+def test_the_hop_drops_a_process_of_another_user(short_folder, caplog):
+    """A hop socket that another user can reach (its directory and mode open to others, as a umask of 000
+    left them) still serves no process of theirs: the worker drops the connection as it accepts it, before
+    reading anything, and logs whose it was; its own user's processes are served."""
+    folder = short_folder
+    with echo_instance(folder) as settings, caplog.at_level(logging.WARNING, logger="kubetriton.worker"):
+        arenas = [Arena(str(settings.arena_dir / name), 1 << 16, create=True) for name in ("a.req", "a.resp")]
+        hop_path = settings.hop_path("m", 0)
+        for path in (folder, settings.sockets_dir, Path(hop_path)):
+            os.chmod(path, 0o777)
+        hello = [encode_message(HELLO, text=hello_text(*(arena.path for arena in arenas)))]
+        request = [
+            encode_message(REQUEST, 1, [([("x", "|u1", (1, 1), frame_block(0), 0, 1)], "", None)]),
+            b"\x07",
+        ]
+        assert _as_another_user(hop_path, [hello, request]) == "dropped"
+        own = Hop.connect(hop_path)
+        own.send(hello)
+        own.send(request)
+        assert own.readable(10_000), "the worker did not answer"
+        assert decode_message(own.receive()[0]).kind == REPLY
+        own.close()
+    assert "user 65534" in caplog.text

@@ -417,19 +417,22 @@ def test_by_default_pytritons_endpoints_need_the_generated_token(secured, protoc
 
 
 def test_the_endpoints_and_token_of_a_security_config(tmp_path):
-    security = TritonSecurityConfig(access_token="tok3n", restricted_endpoints=["inference", "model-config"])
+    """Any visible ASCII makes a token: Triton's argument `<endpoints>:<header>=<token>` takes ':' and '='
+    in the token too, after the header's name."""
+    token = "tok3n:a=b,c!~"
+    security = TritonSecurityConfig(access_token=token, restricted_endpoints=["inference", "model-config"])
     config, ports = local_config()
     with Triton(config=config, security_config=security) as triton:
         triton.bind("double", double, X, Y, config=ModelConfig(max_batch_size=4))
-        assert triton.get_access_token() == "tok3n"
+        assert triton.get_access_token() == token
         for protocol in ("http", "grpc"):
             url = f"{protocol}://127.0.0.1:{ports[protocol]}"
             with pytest.raises(InferenceServerException):
                 infer(protocol, ports[protocol])
             assert infer(
-                protocol, ports[protocol], headers=create_auth_headers("tok3n", protocol)
+                protocol, ports[protocol], headers=create_auth_headers(token, protocol)
             ).tolist() == [[4.0]]
-            with ModelClient(url, "double", access_token="tok3n") as client:
+            with ModelClient(url, "double", access_token=token) as client:
                 assert client.infer_batch(ONE)["y"].tolist() == [[4.0]]
             with (
                 ModelClient(url, "double", init_timeout_s=2) as client,
@@ -471,6 +474,26 @@ def test_restrictions_are_checked_before_launching():
                 config=TritonConfig(**{field: "model-repository:k=v"}),
                 security_config=TritonSecurityConfig(restricted_endpoints=[]),
             )
+
+
+def test_an_empty_access_token_is_refused_rather_than_leaving_the_endpoints_open():
+    """PyTriton 0.7 takes `access_token=""` and then restricts nothing: shared memory, statistics, trace
+    and logging are open to anyone, without a word."""
+    for endpoints in (None, ["statistics"], []):
+        with pytest.raises(PyTritonValidationError) as caught:
+            TritonSecurityConfig(access_token="", restricted_endpoints=endpoints)
+        assert "leave it None" in str(caught.value)
+        assert "restricted_endpoints=[]" in str(caught.value)
+
+
+@pytest.mark.parametrize("character", ["\n", "\r\n", " ", "\t", "\0", "\x7f", "é", "\u2028"])
+def test_a_token_a_header_cannot_carry_is_refused_without_being_shown(character):
+    """The token travels in an HTTP header and in gRPC metadata, which hold visible ASCII; refused later, a
+    newline ended as `ValueError: Invalid header value b'<the token>'`, the secret in a traceback."""
+    token = f"s3cr3t{character}t0ken"
+    with pytest.raises(PyTritonValidationError, match="visible ASCII") as caught:
+        TritonSecurityConfig(access_token=token)
+    assert "s3cr3t" not in str(caught.value) and "t0ken" not in str(caught.value)
 
 
 def test_unknown_endpoints_are_named_as_pytriton_names_them_and_triton_takes_the_valid_ones():

@@ -681,10 +681,11 @@ def test_the_users_pod_settings_reach_the_pod() -> None:
         podenv.SHM_VOLUME,
         podenv.TRITON_TMP_VOLUME,
         "weights",
+        podenv.API_TOKEN_VOLUME,
     ]
     assert pod_spec["volumes"][3] == changes["volumes"][0]
     worker = containers["worker"]
-    assert worker["volumeMounts"][-1] == {"name": "weights", "mountPath": "/models", "readOnly": True}
+    assert worker["volumeMounts"][-2] == {"name": "weights", "mountPath": "/models", "readOnly": True}
     assert worker["envFrom"] == [{"configMapRef": {"name": "settings"}, "prefix": "APP_"}]
     assert {"name": "weights", "mountPath": "/models", "readOnly": True} not in containers["triton"][
         "volumeMounts"
@@ -692,7 +693,16 @@ def test_the_users_pod_settings_reach_the_pod() -> None:
     assert pod_spec["imagePullSecrets"] == [{"name": "registry"}]
     assert pod_spec["runtimeClassName"] == "nvidia"
     assert pod_spec["serviceAccountName"] == "esm1-reader"
-    assert "automountServiceAccountToken" not in pod_spec, "the user's ServiceAccount says"
+    assert pod_spec["automountServiceAccountToken"] is False, "the account's token for the worker only:"
+    token = {"name": podenv.API_TOKEN_VOLUME, "mountPath": podenv.API_TOKEN_MOUNT, "readOnly": True}
+    assert worker["volumeMounts"][-1] == token
+    assert all(token not in containers[name].get("volumeMounts", []) for name in ("triton", "bootstrap"))
+    (projected,) = [volume["projected"] for volume in pod_spec["volumes"] if "projected" in volume]
+    assert [next(iter(source)) for source in projected["sources"]] == [
+        "serviceAccountToken",
+        "configMap",
+        "downwardAPI",
+    ]
     assert template["metadata"]["labels"]["team"] == "ml"
     assert template["metadata"]["labels"]["app.kubernetes.io/instance"] == "esm1"
     assert template["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}

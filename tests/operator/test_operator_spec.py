@@ -258,6 +258,15 @@ RULE_CASES = [
         spec.RESERVED_MOUNT_PATH,
     ),
     (
+        "a mount where the API token of the pod's ServiceAccount goes",
+        _with(
+            spec__volumes=[WEIGHTS],
+            spec__worker=_worker(volumeMounts=[{**WEIGHTS_MOUNT, "mountPath": podenv.API_TOKEN_MOUNT}]),
+        ),
+        "spec.worker.volumeMounts[0].mountPath",
+        spec.RESERVED_MOUNT_PATH,
+    ),
+    (
         "a mount of no volume",
         _with(spec__worker=_worker(volumeMounts=[WEIGHTS_MOUNT])),
         "spec.worker.volumeMounts",

@@ -564,6 +564,10 @@ PVC_POD = {
 }
 CONFIG_ERROR = "pytriton.exceptions.PyTritonModelConfigError: Triton refused to load model 'Sleep': bad"
 NOT_BOUND = "spec.models declares Other, which the script does not bind before serve() (it binds Sleep): ..."
+SETTING_REFUSED = (
+    "PyTritonValidationError: KUBETRITON_ARENA_BYTES='lots' is not a positive whole number of bytes "
+    "(the default, 268435456, is 256 MiB)"
+)
 PROBE = 'Startup probe failed: Get "http://10.244.0.7:8010/livez": dial tcp 10.244.0.7:8010: connect: refused'
 
 CAUSES = [
@@ -640,6 +644,18 @@ CAUSES = [
             )
         ),
         ("ModelNotBound", True, f"pod esm1-x: {NOT_BOUND}"),
+    ),
+    (
+        "a setting kubetriton refuses",
+        stuck(
+            waiting_pod(
+                "worker",
+                "CrashLoopBackOff",
+                last={"exitCode": podenv.CONFIGURATION_ERROR_EXIT_CODE, "message": f"{SETTING_REFUSED}\n"},
+                restarts=1,
+            )
+        ),
+        ("SettingsRejected", True, f"pod esm1-x: {SETTING_REFUSED}"),
     ),
     (
         "Triton refuses the generated configuration",

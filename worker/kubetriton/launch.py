@@ -6,7 +6,9 @@ an image that cannot work with a one-line reason (the container's termination me
 turns into a status condition), then makes kubetriton importable and runs the script as `__main__`. With
 several worker processes (KUBETRITON_PROCESS_COUNT), it becomes their supervisor instead
 (`kubetriton.supervisor`), and each process runs this file again with its index; `--exec COMMAND...`
-supervises a command of the user's rather than a script.
+supervises a command of the user's rather than a script. `kubetriton run` runs scripts through it on this
+machine too (`--local SCRIPT...`, which checks and provides nothing), so that a script ends as it ends in a
+pod (`run_script`).
 
 The provided packages go at the end of the import path, after the image's site-packages: what the image
 has wins. An image that has kubetriton keeps its own copy, and the user's NumPy, pyzmq and protobuf stay
@@ -26,11 +28,17 @@ import sys
 SUPPORTED = ((3, 10), (3, 13))
 UNSUPPORTED_IMAGE_EXIT_CODE = 78
 """kubetriton.podenv.UNSUPPORTED_IMAGE_EXIT_CODE; this file imports nothing of kubetriton."""
+CONFIGURATION_ERROR_EXIT_CODE = 65
+CONFIGURATION_ERRORS = ("PyTritonValidationError", "PyTritonBadParameterError", "PyTritonModelConfigError")
+"""kubetriton.podenv.CONFIGURATION_ERROR_EXIT_CODE, and the names of podenv.CONFIGURATION_ERRORS in
+`pytriton.exceptions` (which any kubetriton an image may have holds)."""
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_MESSAGE_BYTES = 4000
 """kubetriton.podenv.TERMINATION_LOG and TERMINATION_MESSAGE_BYTES"""
 EXEC = "--exec"
 """kubetriton.podenv.LAUNCHER_EXEC"""
+LOCAL = "--local"
+"""kubetriton.podenv.LAUNCHER_LOCAL"""
 PROCESS_COUNT, PROCESS_INDEX = "KUBETRITON_PROCESS_COUNT", "KUBETRITON_PROCESS_INDEX"
 """kubetriton.podenv.ENV_PROCESS_COUNT and ENV_PROCESS_INDEX"""
 
@@ -87,9 +95,38 @@ def end_on_sigterm(signum, frame):
     sys.exit(128 + signum)
 
 
+def run_script(command):
+    """Run `command` (SCRIPT [ARGUMENT...]) as `python3 SCRIPT [ARGUMENT...]` would, but for SIGTERM
+    (`end_on_sigterm`) and two endings. An error in the user's settings, which no restart mends
+    (CONFIGURATION_ERRORS), ends it with the error's one line, on stderr and as the termination message,
+    and CONFIGURATION_ERROR_EXIT_CODE, where a traceback and status 1 would have the worker restarted in
+    vain. Ctrl-C (on this machine, under `kubetriton run`) ends it with one line and status 0, as Ctrl-C
+    ends `serve()`: it came while the models were loading, and the script's `with` blocks and `finally`
+    clauses have stopped what it started."""
+    script = command[0]
+    sys.argv = list(command)
+    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python3 SCRIPT` would have it
+    signal.signal(signal.SIGTERM, end_on_sigterm)
+    import pytriton.exceptions  # in a pod, importable once provide_runtime has run
+
+    configuration_errors = tuple(getattr(pytriton.exceptions, name) for name in CONFIGURATION_ERRORS)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except configuration_errors as error:
+        line = f"{type(error).__name__}: {error}"
+        sys.stderr.write(line + "\n")
+        write_termination_message(line)
+        sys.exit(CONFIGURATION_ERROR_EXIT_CODE)
+    except KeyboardInterrupt:
+        sys.stderr.write("Interrupted (Ctrl-C): stopped\n")
+
+
 def main():
-    if len(sys.argv) < 2 or sys.argv[1:] == [EXEC]:
-        sys.exit(f"usage: python3 launch.py SCRIPT [ARGUMENT...] | {EXEC} COMMAND [ARGUMENT...]")
+    if len(sys.argv) < 2 or sys.argv[1:] in ([EXEC], [LOCAL]):
+        sys.exit(f"usage: python3 launch.py [{LOCAL}] SCRIPT [ARGUMENT...] | {EXEC} COMMAND [ARGUMENT...]")
+    if sys.argv[1] == LOCAL:
+        run_script(sys.argv[2:])
+        return
     check_image()
     provide_runtime(os.path.dirname(os.path.abspath(__file__)))
     command = sys.argv[1:]
@@ -101,11 +138,7 @@ def main():
         sys.exit(supervise_pod(each, int(count)))
     if command[0] == EXEC:
         os.execvp(command[1], command[1:])
-    script = sys.argv[1]
-    sys.argv = sys.argv[1:]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python3 SCRIPT` would have it
-    signal.signal(signal.SIGTERM, end_on_sigterm)
-    runpy.run_path(script, run_name="__main__")
+    run_script(command)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tens
 from pytriton.model_config.common import TimeoutAction
 
 from kubetriton import podenv
+from kubetriton.private_files import private_folder, write_private_file
 from kubetriton.warmup import WarmupSample
 
 MODEL_NAME_PATTERN = re.compile(podenv.MODEL_NAME_PATTERN)
@@ -266,7 +267,8 @@ def write_model(repository: Path, spec: ModelSpec, parameters: Mapping[str, str]
     """Write the model's directory into the repository, replacing any earlier version of it; False when it
     holds these very files already (a restarted worker's), which are then left as they are, so that Triton
     need not load the model again. The proxy imports its modules from `runtime`, a path that is the same
-    for Triton as for the worker."""
+    for Triton as for the worker. The model's folder and files are for this user alone: Triton runs its
+    `model.py`."""
     model_dir = repository / spec.name
     files = {
         model_dir / str(spec.version) / "model.py": PROXY_MODEL_SOURCE.format(runtime=str(runtime)),
@@ -277,8 +279,8 @@ def write_model(repository: Path, spec: ModelSpec, parameters: Mapping[str, str]
     if model_dir.exists():
         shutil.rmtree(model_dir)
     for path, text in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        private_folder(path.parent)
+        write_private_file(path, text)
     return True
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pytriton import settings
+from pytriton.exceptions import PyTritonBadParameterError, PyTritonModelConfigError, PyTritonValidationError
 
 TRITON_VERSION = "2.51.0"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
@@ -39,6 +40,10 @@ TRITON_TMP_VOLUME = "triton-tmp"
 TRITON_TMP_MOUNT = "/tmp"
 """The Triton sidecar's /tmp, its root filesystem being read-only: the Python backend makes a directory
 there when it starts, and aborts tritonserver when it cannot."""
+API_TOKEN_VOLUME = "api-token"
+API_TOKEN_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+"""The token, CA certificate and namespace of a ServiceAccount that the spec names, where Kubernetes
+clients look for them: mounted in the worker only, not in the network-facing Triton sidecar."""
 SIDECAR_SHM_PREFIX = "kubetriton-sidecar-"
 """The name prefix of the sidecar's Python-backend regions in the pod's /dev/shm. A killed Triton cannot
 remove its regions, so the sidecar removes its predecessor's when it starts."""
@@ -54,6 +59,9 @@ LAUNCHER = "launch.py"
 supervises the worker processes where there are several."""
 LAUNCHER_EXEC = "--exec"
 """The launcher's option that runs a command (the rest of its arguments) instead of a script."""
+LAUNCHER_LOCAL = "--local"
+"""The launcher's option with which `kubetriton run` runs a script on this machine, in the interpreter that
+runs kubetriton: no image to check, nothing to provide."""
 WORKER_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 """The Python versions a worker image may have."""
 UNSUPPORTED_IMAGE_EXIT_CODE = 78
@@ -62,6 +70,16 @@ is the container's termination message."""
 MODEL_NOT_BOUND_EXIT_CODE = 64
 """A worker's exit status when its script serves without binding a model the pod declares (EX_USAGE): no
 restart binds it. Its one-line reason, which names the models bound, is the termination message."""
+CONFIGURATION_ERRORS = (PyTritonValidationError, PyTritonBadParameterError, PyTritonModelConfigError)
+"""The errors that say a setting of the user's is wrong, in PyTriton's terms (a value given to the API, a
+parameter, a model's configuration): an environment variable, a TritonConfig, a bind() argument, a
+configuration Triton refuses to load. The same settings fail the same way again, so no restart mends them."""
+CONFIGURATION_ERROR_EXIT_CODE = 65
+"""A worker's exit status when its script ended on one of `CONFIGURATION_ERRORS` (the launcher sees to it):
+no restart mends it. Its one line, `<error class>: <message>`, is on stderr and the termination message.
+65 is EX_DATAERR of sysexits.h (the input, here the settings, is wrong): EX_CONFIG (78) and EX_USAGE (64)
+are the two statuses above, and no other status a worker ends with (1 for an error, 2 for a usage error,
+128 + N for signal N) is 65."""
 TERMINATION_LOG = "/dev/termination-log"
 """Where a container's termination message goes (Kubernetes' default `terminationMessagePath`): the
 operator reports it in the model's status."""

@@ -37,9 +37,13 @@ from pytriton.exceptions import PyTritonRuntimeError
 from kubetriton.control import TritonControl
 from kubetriton.endpoint import Endpoint
 from kubetriton.podenv import DEFAULT_PROTECTED_ENDPOINTS, tritonserver_args
+from kubetriton.private_files import PRIVATE_FILE, private_folder
 from kubetriton.triton_home import TritonHome
 
 OWNER_LOCK = ".owner.lock"
+TRITON_UMASK = 0o077
+"""What a local tritonserver and its Python-backend stubs create (the bytecode they compile into the model
+repository and the proxy's runtime, among others) is for this user alone, whatever the script's umask."""
 TRITON_REGION_SUFFIX = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 """What Triton's Python backend appends to the shared-memory prefix for each region it creates."""
 
@@ -48,8 +52,8 @@ def claim(directory: Path) -> int:
     """Create `directory` and hold its owner lock for as long as the returned descriptor stays open.
 
     A lock, not a PID in the name: it is released by the kernel however the owner ends, and it works
-    across PID namespaces (containers sharing a volume) as well."""
-    directory.mkdir(parents=True, exist_ok=True)
+    across PID namespaces (containers sharing a volume) as well. The directory is for this user alone."""
+    private_folder(directory)
     fd = os.open(directory / OWNER_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -286,13 +290,16 @@ class LocalTritonServer:
     def start(self, timeout_s: float = 60.0) -> None:
         self._check_ports_free()
         self._shm_lock = claim(Path(self._shm_prefix))
-        with self._log_path.open("ab") as log:
+        log_descriptor = os.open(self._log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, PRIVATE_FILE)
+        with open(log_descriptor, "ab") as log:
             self._process = start_owned(
                 [str(self._home.executable), *self._args],
                 env=self._home.environment(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                umask=TRITON_UMASK,
+                start_new_session=True,  # a terminal's Ctrl-C reaches kubetriton alone, which stops Triton
             )
         try:
             self.control.wait_until_live(timeout_s, self.is_running)

@@ -39,6 +39,7 @@ from pytriton.settings import TritonLifecyclePolicy
 from kubetriton import podenv
 from kubetriton.control import TritonControl
 from kubetriton.model_repository import ModelSpec, write_model
+from kubetriton.private_files import private_folder
 from kubetriton.warmup import warmup_samples
 from kubetriton.worker import WORKER_RESTART_WAIT_S, ModelWorker, TransportSettings, arena_bytes
 
@@ -316,7 +317,7 @@ class Serving:
         workers' sockets and arenas in these directories; keep the models loaded while it runs."""
         assert self._control is not None
         self._control.repository_token = repository_token
-        sockets.mkdir(parents=True, exist_ok=True)
+        private_folder(sockets)
         self._transport = self._transport_settings(sockets, arena_dir)
         if self._group.loads_models:
             threading.Thread(

@@ -9,9 +9,10 @@ context), and Triton sees one model whose instance group is every process's inst
 The supervisor runs no user code. It starts the processes, each told its index and the count
 (KUBETRITON_PROCESS_INDEX, KUBETRITON_PROCESS_COUNT) and, where the container was given one GPU per
 process, shown only its own (`process_devices`); restarts one that exits, alone, while the others serve;
-gives up once one keeps exiting (`RestartPolicy`), with its last error; and on SIGTERM or SIGINT stops
-them all, each draining as a worker alone would. Their output becomes the supervisor's, each line
-prefixed with the process's index.
+gives up once one keeps exiting (`RestartPolicy`), with its last error, and at once when one exits with a
+status that no restart mends (`NO_RESTART_EXIT_CODES`); and on SIGTERM or SIGINT stops them all, each
+draining as a worker alone would. Their output becomes the supervisor's, each line prefixed with the
+process's index.
 
 - In a pod (`spec.worker.processes`), the launcher hands the worker container to it. The processes attach
   to the Triton sidecar; the supervisor serves the pod's probes and metrics from theirs
@@ -19,7 +20,7 @@ prefixed with the process's index.
   which the operator reports.
 - Locally (`kubetriton run --processes N script.py`), it also hosts the one local tritonserver, launched
   as the first process's `Triton()` configures it (`ServerHost`), so a process that dies does not take
-  Triton with it.
+  Triton with it. Each process runs the script through kubetriton's launcher, as in a pod.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from pytriton.settings import DefaultTritonLifecyclePolicy, TritonConfig, Triton
 from kubetriton import podenv
 from kubetriton.health import ProcessesHealth
 from kubetriton.server import die_with_parent
-from kubetriton.triton_serving import TritonServing
+from kubetriton.triton_serving import TritonServing, supervisor_stopping_mark
 
 LOGGER = logging.getLogger(__name__)
 
@@ -64,6 +65,13 @@ RELAY_DRAIN_S = 2.0
 """How long the last lines of a process that exited may take to be read (a child of its own may hold its
 output open)."""
 _GPU_UUID = re.compile(r"^(GPU|MIG)-")
+NO_RESTART_EXIT_CODES = (
+    podenv.UNSUPPORTED_IMAGE_EXIT_CODE,
+    podenv.MODEL_NOT_BOUND_EXIT_CODE,
+    podenv.CONFIGURATION_ERROR_EXIT_CODE,
+)
+"""A process's exit statuses that say the image, the spec or the user's settings are wrong, not the process:
+the supervisor stops at once with the same status."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,9 +206,12 @@ def relay_output(pipe: IO[bytes], index: int, target: IO[str], keep: deque[str] 
 class Supervisor:
     """Starts the worker processes, restarts them, gives up on one that keeps exiting, and stops them all.
 
-    `before_stop` runs once stopping begins, before the processes are told (locally: Triton stops first,
-    and finishes the requests in flight while the processes still serve them). `check` runs at every turn
-    and returns why the supervision cannot go on (the hosted Triton exited), or None."""
+    `before_stop` runs once stopping begins, before the processes are told (in a pod: which of them have not
+    reached `Triton()`; locally: the mark by which they know that all of them stop); `after_telling` runs
+    once they are told (locally: Triton stops then, and finishes the requests in flight while the processes
+    that serve wait for it to let go of them; a process that was still loading has stopped at once, before
+    Triton went away under it). `check` runs at every turn and returns why the supervision cannot go on
+    (the hosted Triton exited), or None."""
 
     def __init__(
         self,
@@ -212,6 +223,7 @@ class Supervisor:
         policy: RestartPolicy = RestartPolicy(),
         stop_timeout_s: float,
         before_stop: Callable[[], None] = lambda: None,
+        after_telling: Callable[[], None] = lambda: None,
         check: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.processes = [
@@ -221,6 +233,7 @@ class Supervisor:
         self._policy = policy
         self._stop_timeout_s = stop_timeout_s
         self._before_stop = before_stop
+        self._after_telling = after_telling
         self._check = check
         self._stop_requested = threading.Event()
         self._exit_code = 1
@@ -235,8 +248,8 @@ class Supervisor:
         return [process.restarts for process in self.processes]
 
     def run(self) -> int:
-        """Supervise until stopped (0), or until a process keeps exiting or `check` fails (1; the launcher's
-        status for an unsupported image when a process ended with it)."""
+        """Supervise until stopped (0), or until a process keeps exiting or `check` fails (1), or a process
+        exits with one of NO_RESTART_EXIT_CODES (that status)."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self.request_stop)
         for process in self.processes:
@@ -264,8 +277,7 @@ class Supervisor:
             code = process.exit_code()
             if code is None:
                 continue
-            if code in (podenv.UNSUPPORTED_IMAGE_EXIT_CODE, podenv.MODEL_NOT_BOUND_EXIT_CODE):
-                # the image or the spec, not the process: no restart helps
+            if code in NO_RESTART_EXIT_CODES:
                 self._exit_code = code
                 return process.describe_exit(code)
             process.failures_in_a_row, delay = self._policy.after_exit(
@@ -288,6 +300,7 @@ class Supervisor:
         self._before_stop()
         for process in self.processes:
             process.send(signal.SIGTERM)
+        self._after_telling()
         deadline = time.monotonic() + (STOP_SLACK_S if failure else self._stop_timeout_s)
         for process in self.processes:
             if process.process is None:
@@ -306,7 +319,9 @@ class ServerHost:
     Each process's `Triton()` asks for it with its settings (`TritonConfig`, workspace, security) through
     `triton_serving.ask_for_server`. The host launches it as process 0's `Triton()` would have (process 0
     loads the models, so the others could not serve before it anyway) and then answers every ask: the
-    server's record when the settings are the same, an error naming the difference otherwise. The server is
+    server's record when the settings are the same, an error naming the difference otherwise. An error in
+    the settings (that one, or one that launching raises) is a refusal, which the asking process raises as
+    a configuration error (`podenv.CONFIGURATION_ERRORS`); any other failure to launch is not. The server is
     published like any local server, so `RemoteTriton(url)` finds it too; the host watches it through the
     `TritonServing` that launched it."""
 
@@ -353,6 +368,9 @@ class ServerHost:
                 waiting.remove(first)
                 try:
                     launched = first[0], self._launch(first[0])
+                except podenv.CONFIGURATION_ERRORS as error:
+                    first[1].put({"error": str(error), "refused": True})
+                    continue
                 except Exception as error:
                     first[1].put({"error": f"{type(error).__name__}: {error}"})
                     continue
@@ -363,7 +381,8 @@ class ServerHost:
                     {
                         "error": f"worker process {settings['process']} configures Triton differently from "
                         f"worker process 0 ({', '.join(differing)}): the processes of one script share one "
-                        "server, so they must configure it alike"
+                        "server, so they must configure it alike",
+                        "refused": True,
                     }
                     if differing
                     else launched[1]
@@ -385,6 +404,12 @@ class ServerHost:
             self._triton = triton
         triton.connect()
         return triton.hosted_reply()
+
+    def mark_stopping(self) -> None:
+        """Mark, before the processes are told, that the supervisor stops all of them: each then serves on
+        until Triton, stopped next, lets go of it, where a process stopped alone leaves at once (its
+        `TritonServing._leave_triton`)."""
+        supervisor_stopping_mark(self.path).touch()
 
     def failure(self) -> str | None:
         """Why the hosted server cannot serve any more (it exited), or None."""
@@ -466,7 +491,8 @@ def supervise_locally(argv: Sequence[str], count: int) -> int:
             environ=os.environ,
             extra_env=lambda index: {podenv.ENV_SUPERVISOR: str(host.path)},
             stop_timeout_s=podenv.DEFAULT_DRAIN_SECONDS + STOP_SLACK_S,
-            before_stop=host.stop,
+            before_stop=host.mark_stopping,
+            after_telling=host.stop,
             check=host.failure,
         )
         return supervisor.run()
@@ -488,7 +514,7 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.script).is_file():
         print(f"kubetriton run: {args.script}: no such file", file=sys.stderr)
         return 2
-    argv = [sys.executable, args.script, *args.args]
+    argv = [sys.executable, "-m", "kubetriton.launch", podenv.LAUNCHER_LOCAL, args.script, *args.args]
     if args.processes == 1:
         os.execv(sys.executable, argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -42,6 +42,7 @@ import operator
 import os
 import select
 import socket
+import stat
 import struct
 import time
 import weakref
@@ -78,24 +79,59 @@ class ArenaFullError(RuntimeError):
 class Arena:
     """A shared-memory file of fixed size, with a first-fit allocator for the side that writes it."""
 
-    def __init__(self, path: str, size: int = 0, *, create: bool = False, writable: bool = True) -> None:
+    def __init__(
+        self,
+        path: str,
+        size: int = 0,
+        *,
+        create: bool = False,
+        writable: bool = True,
+        descriptor: int | None = None,
+    ) -> None:
+        """Create the file at `path`, `size` bytes (`create`), or map the one the peer created there, open
+        at `descriptor` (`of_peer`); the descriptor is closed once the file is mapped."""
         if create:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.ftruncate(fd, size)
-        else:
-            fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.ftruncate(descriptor, size)
+        assert descriptor is not None, "an arena the peer created is mapped through Arena.of_peer"
         try:
-            self.size = os.fstat(fd).st_size
+            self.size = os.fstat(descriptor).st_size
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-            self._mmap = mmap.mmap(fd, self.size, access=access) if self.size else None
+            self._mmap = mmap.mmap(descriptor, self.size, access=access) if self.size else None
         finally:
-            os.close(fd)
+            os.close(descriptor)
         self.path = path
         self.memory = memoryview(self._mmap) if self._mmap else memoryview(b"")
         self.buffer = np.frombuffer(self.memory, np.uint8)
         self._free_starts: list[int] = [0] if self.size else []
         self._free_lengths: dict[int, int] = {0: self.size} if self.size else {}
         self._used: dict[int, int] = {}
+
+    @classmethod
+    def of_peer(cls, path: str, directory: str, *, writable: bool) -> Arena:
+        """The arena that the peer named in its HELLO, mapped; ValueError, with nothing opened, unless it is
+        a regular file of this process's user with no other link, right inside `directory` (the arena
+        directory the worker told the proxy), opened without following a link. Whoever else connected to
+        the hop would otherwise have the worker read any file it can back to them, or overwrite one."""
+        if os.path.realpath(os.path.dirname(path)) != os.path.realpath(directory):
+            raise ValueError(f"Refused the arena {path}: it is not in the arena directory {directory}")
+        # O_NONBLOCK: opening a FIFO would otherwise wait for a writer, before anything is checked
+        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                descriptor = os.open(os.path.basename(path), flags, dir_fd=folder)
+            finally:
+                os.close(folder)
+        except OSError as error:
+            raise ValueError(f"Refused the arena {path}: it cannot be opened ({error.strerror})") from None
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid() or status.st_nlink != 1:
+            os.close(descriptor)
+            raise ValueError(
+                f"Refused the arena {path}: it is not a regular file of user {os.geteuid()} with one link"
+            )
+        return cls(path, writable=writable, descriptor=descriptor)
 
     @property
     def used_bytes(self) -> int:

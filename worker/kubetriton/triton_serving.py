@@ -5,7 +5,8 @@ Each step has its three paths side by side in `TritonServing`: starting (`_start
 publishes the server, `_start_hosted` asks the supervisor for it, `_start_attached` waits for the sidecar
 and serves the pod's probes), serving (the local server must keep running, the pod's declared models must
 be bound: `_check_triton`, `_check_bound`) and stopping (`_leave_triton`: the local server stops, a worker
-process of several waits for what is in flight, a pod's worker drains as `kubetriton.drain` explains).
+process of several that stops with the others serves on until their supervisor's Triton, stopped next,
+lets go of it, a pod's worker drains as `kubetriton.drain` explains).
 A worker process asks with `ask_for_server`; its supervisor's `ServerHost` launches the server as a
 `TritonServing` of its own and answers.
 """
@@ -44,6 +45,7 @@ from kubetriton.control import TritonControl
 from kubetriton.drain import client_connections, request_sidecar_stop
 from kubetriton.health import HealthServer
 from kubetriton.model_repository import PROXY_MODEL_MARKER
+from kubetriton.private_files import create_missing, private_folder
 from kubetriton.server import (
     LocalTritonServer,
     PublishedServer,
@@ -260,7 +262,11 @@ class TritonServing(Serving):
                     shutil.rmtree(self._model_repository / name, ignore_errors=True)
         elif self._pod is not None:
             self._drain()
-        else:  # hosted: the supervisor stops Triton, which finishes what it passed on to this process
+        elif supervisor_stops(self._supervisor):  # with every process; the supervisor stops Triton next
+            budget_s = self._exit_timeout_s() + SIDECAR_UNLOAD_S
+            self._wait_until_detached(time.monotonic() + budget_s)
+            self._report_abandoned(f"when this process stopped, {budget_s:g} s after it was told to")
+        else:  # alone (killed, an unrecoverable error, the script's own stop): Triton serves the others on
             self._wait_until_idle(LEAVE_DRAIN_S)
             self._report_abandoned(f"after {LEAVE_DRAIN_S:g} s of drain, as this process stops")
 
@@ -309,7 +315,11 @@ class TritonServing(Serving):
         fifo = self._workspace / podenv.SIDECAR_STOP_FIFO
         if not request_sidecar_stop(fifo) and not fifo.exists():
             return  # no sidecar; one whose FIFO nobody reads was asked to stop already (by another process)
-        deadline = time.monotonic() + podenv.SIDECAR_EXIT_TIMEOUT_S + SIDECAR_UNLOAD_S
+        self._wait_until_detached(time.monotonic() + podenv.SIDECAR_EXIT_TIMEOUT_S + SIDECAR_UNLOAD_S)
+
+    def _wait_until_detached(self, deadline: float) -> None:
+        """Serve on until the stopping Triton has finished what it passed on and unloaded the models (their
+        proxy instances detached), or until `deadline`."""
         while any(worker.attached for worker in self._workers.values()) and time.monotonic() < deadline:
             time.sleep(DRAIN_POLL_S)
 
@@ -317,11 +327,12 @@ class TritonServing(Serving):
         config = self._config
         server_id = config.id or f"{os.getpid()}-{secrets.token_hex(4)}"
         shm_prefix = f"{podenv.SHM_MOUNT}/kubetriton-{_shm_name(server_id)}"
-        if config.model_repository is not None:
+        if config.model_repository is not None:  # the user's folder: created where missing, else left alone
             self._model_repository = Path(config.model_repository)
-        sockets = self._workspace / podenv.SOCKETS_SUBDIR
-        for directory in (self._model_repository, sockets):
-            directory.mkdir(parents=True, exist_ok=True)
+            create_missing(self._model_repository)
+        else:
+            private_folder(self._model_repository)
+        sockets = private_folder(self._workspace / podenv.SOCKETS_SUBDIR)
         self._transport = self._transport_settings(sockets, Path(shm_prefix) / "arenas")
         home = locate()
         install_runtime(self._runtime, home.stub_python.wheels, home.stub_python.version)
@@ -374,9 +385,7 @@ class TritonServing(Serving):
             http_port=ports["HTTP"],
             grpc_port=ports["gRPC"],
             metrics_port=ports["metrics"],
-            exit_timeout_s=podenv.DEFAULT_DRAIN_SECONDS
-            if config.exit_timeout_secs is None
-            else config.exit_timeout_secs,
+            exit_timeout_s=self._exit_timeout_s(),
             log_verbose=config.log_verbose or 0,
             extra_args=extra_args,
             control_url=control_url,
@@ -403,6 +412,11 @@ class TritonServing(Serving):
             self._publication = publish(published)
         except (OSError, PyTritonRuntimeError) as error:
             LOGGER.warning("RemoteTriton of other processes cannot find this server: %s", error)
+
+    def _exit_timeout_s(self) -> float:
+        """How long a local server, once told to stop, serves the requests in flight."""
+        timeout = self._config.exit_timeout_secs
+        return podenv.DEFAULT_DRAIN_SECONDS if timeout is None else timeout
 
     def _start_hosted(self, supervisor: str) -> None:
         """One of several worker processes on this machine: serve through the one tritonserver that their
@@ -482,9 +496,19 @@ def _local_address(bound: str | None) -> str:
     return "127.0.0.1" if bound in (None, "", "0.0.0.0", "::") else bound
 
 
+def supervisor_stopping_mark(supervisor: str | Path) -> Path:
+    """The file that the supervisor whose socket is `supervisor` makes once it stops every process, before
+    it tells them (`ServerHost.mark_stopping`)."""
+    return Path(supervisor).with_name("stopping")
+
+
+def supervisor_stops(supervisor: str | None) -> bool:
+    return supervisor is not None and supervisor_stopping_mark(supervisor).exists()
+
+
 def ask_for_server(path: str, settings: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
-    """A worker process's ask to its supervisor's `ServerHost`: where the server is (the host's reply), or
-    RuntimeError with the host's reason."""
+    """A worker process's ask to its supervisor's `ServerHost`: where the server is (the host's reply);
+    PyTritonValidationError when the host refuses the settings, RuntimeError with its reason when it fails."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(timeout_s)
         connection.connect(path)
@@ -492,6 +516,8 @@ def ask_for_server(path: str, settings: Mapping[str, Any], timeout_s: float) -> 
             stream.write(json.dumps(settings).encode() + b"\n")
             stream.flush()
             reply = json.loads(stream.readline() or b"{}")
+    if reply.get("refused"):
+        raise PyTritonValidationError(reply["error"])
     if "error" in reply:
         raise RuntimeError(reply["error"])
     return reply

@@ -24,6 +24,7 @@ import logging
 import os
 import select
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -47,6 +48,7 @@ from pytriton.proxy.types import Request
 
 from kubetriton import podenv
 from kubetriton.model_repository import ModelSpec
+from kubetriton.private_files import PRIVATE_FILE
 from kubetriton.responses import ResponseChecker, ResponseError, SomeRequestsFailed, format_error
 from kubetriton.transport import (
     CANCEL,
@@ -167,7 +169,11 @@ class TransportSettings:
     at once; the instances of several worker processes wait for a restarting one (`WORKER_RESTART_WAIT_S`)."""
 
     def address(self, model: str, instance: int | str) -> str:
-        return f"ipc://{self.sockets_dir}/{_socket_stem(model)}.{instance}"
+        return f"ipc://{self.presence_path(model, instance)}"
+
+    def presence_path(self, model: str, instance: int | str) -> str:
+        """The file of the ZeroMQ socket through which a proxy instance attaches (`address`)."""
+        return f"{self.sockets_dir}/{_socket_stem(model)}.{instance}"
 
     def hop_path(self, model: str, instance: int | str) -> str:
         return f"{self.sockets_dir}/{_socket_stem(model)}.{instance}.hop"
@@ -231,7 +237,8 @@ class Peer:
     cancelled: int | None = None
     """The id of its stream whose clients all cancelled."""
     refused: str = ""
-    """Why its proxy's messages cannot be read (another wire version): each request gets it as its error."""
+    """Why its proxy's messages cannot be read (another wire version, or arenas that are not files the proxy
+    made in the arena directory): each request gets it as its error."""
 
     def release(self, offset: int) -> None:
         """An input no longer pins its request block: tell the proxy with the next reply."""
@@ -249,6 +256,17 @@ class Peer:
         for arena in self.arenas or ():
             arena.close()
         self.hop.close()
+
+
+_PEER_CREDENTIALS = struct.Struct("3i")
+"""Linux's `struct ucred`, which `SO_PEERCRED` fills in: the peer's process id, user id and group id."""
+
+
+def peer_user(connection: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket, as the kernel recorded it when the
+    process connected."""
+    credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER_CREDENTIALS.size)
+    return _PEER_CREDENTIALS.unpack(credentials)[1]
 
 
 def _remove_a_stale_socket(path: str, model: str) -> None:
@@ -301,9 +319,11 @@ class InstanceServer(threading.Thread):
         self._presence = zmq.Context.instance().socket(zmq.ROUTER)
         self._presence.setsockopt(zmq.LINGER, 0)
         self._presence.bind(transport.address(spec.name, instance))
+        os.chmod(transport.presence_path(spec.name, instance), PRIVATE_FILE)
         self._monitor = self._presence.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._listener.bind(self._hop_path)
+        os.chmod(self._hop_path, PRIVATE_FILE)  # before it listens: nobody else connects in between
         self._listener.listen()
         self._poller = select.poll()
         self._poller.register(self._listener, select.POLLIN)
@@ -425,7 +445,23 @@ class InstanceServer(threading.Thread):
             self.connections = max(self.connections, 0)
 
     def _accept(self) -> None:
-        hop = Hop(self._listener.accept()[0])
+        """Take a proxy instance's hop in; one of a process of another user is closed unread (the socket's
+        mode keeps them out, unless its folder and mode were opened to them)."""
+        connection = self._listener.accept()[0]
+        user = peer_user(connection)
+        if user != os.geteuid():
+            LOGGER.warning(
+                "Model %s instance %d: dropped a connection to %s from a process of user %d; only user "
+                "%d's processes are served",
+                self.spec.name,
+                self.instance,
+                self._hop_path,
+                user,
+                os.geteuid(),
+            )
+            connection.close()
+            return
+        hop = Hop(connection)
         self._peers[hop.fileno()] = Peer(hop)
         self._poller.register(hop, select.POLLIN)
 
@@ -447,12 +483,10 @@ class InstanceServer(threading.Thread):
         message = decode_message(frames[0])
         if message.kind == HELLO:  # the hop's first message
             try:
-                requests_path, responses_path = read_hello(message.text)
+                peer.arenas = self._map_arenas(*read_hello(message.text))
             except ValueError as error:
                 peer.refused = str(error)
                 LOGGER.error("Model %s instance %d: %s", self.spec.name, self.instance, error)
-                return
-            peer.arenas = (Arena(requests_path, writable=False), Arena(responses_path, writable=True))
             return
         if peer.refused:
             if message.kind == REQUEST:
@@ -491,6 +525,17 @@ class InstanceServer(threading.Thread):
             self.in_flight -= len(message.entries)
             self.requests += len(message.entries)
             self.busy_seconds += time.perf_counter() - started
+
+    def _map_arenas(self, requests_path: str, responses_path: str) -> tuple[Arena, Arena]:
+        """The arenas a HELLO names, mapped (the request arena read-only); ValueError, with neither mapped,
+        where one is not a file that the proxy made in the arena directory (`Arena.of_peer`)."""
+        directory = str(self._transport.arena_dir)
+        requests_arena = Arena.of_peer(requests_path, directory, writable=False)
+        try:
+            return requests_arena, Arena.of_peer(responses_path, directory, writable=True)
+        except ValueError:
+            requests_arena.close()
+            raise
 
     def _send(self, peer: Peer, message_id: int, reply: Reply) -> None:
         if reply.kind == ERROR:

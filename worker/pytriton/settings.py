@@ -293,6 +293,9 @@ class TritonSecurityConfig:
     `triton-access-token` header (`ModelClient(..., access_token=...)` does). The model-repository API is
     restricted in any case: on a local server protecting it, by the access token as well; otherwise (not
     protected here, or in a pod) by kubetriton's own token alone.
+
+    A token given must be visible ASCII, no space (`_VISIBLE_ASCII` says why); an empty one is refused,
+    where PyTriton 0.7 took it and then protected nothing.
     """
 
     access_token: str | None = None
@@ -307,9 +310,36 @@ class TritonSecurityConfig:
                 f"Invalid endpoint names: {', '.join(unknown)}. "
                 f"Valid endpoints are: {', '.join(sorted(VALID_TRITON_ENDPOINTS))}"
             )
+        if self.access_token is not None:
+            _check_access_token(self.access_token)
         self._token_generated = self.access_token is None and bool(self.restricted_endpoints)
         if self._token_generated:
             self.access_token = secrets.token_urlsafe(32)
+
+
+_VISIBLE_ASCII = re.compile(r"[!-~]+")
+"""What a given access token may hold: visible ASCII, no space. Clients send it as an HTTP header's value
+and as gRPC metadata, which hold printable ASCII (a header's value loses its spaces at either end), and
+tritonserver takes it in the argument `<endpoints>:triton-access-token=<token>`, whose value is all that
+follows the first `=` after the first `:`, ':' and '=' included."""
+
+
+def _check_access_token(token: str) -> None:
+    """PyTritonValidationError for a token that protects nothing or that a header cannot carry. The message
+    never holds the token: a traceback must not show the secret (a header refused it with its value)."""
+    if token == "":
+        raise PyTritonValidationError(
+            "TritonSecurityConfig(access_token=''): an empty token would leave the restricted endpoints open "
+            "to anyone (PyTriton 0.7 then restricts nothing). To protect them, leave it None to get a "
+            "generated one (Triton().get_access_token() returns it) or give a token; to leave them open, "
+            "pass restricted_endpoints=[] and no token"
+        )
+    if not isinstance(token, str) or not _VISIBLE_ASCII.fullmatch(token):
+        raise PyTritonValidationError(
+            "TritonSecurityConfig(access_token=...): the token must be visible ASCII characters only "
+            "(letters, digits and punctuation; no space, no control character such as a newline, nothing "
+            "outside ASCII): clients send it in an HTTP header and in gRPC metadata"
+        )
 
 
 def is_default_security(config: TritonSecurityConfig) -> bool:

@@ -232,6 +232,10 @@ def _worker_container(spec: PyTritonModelSpec) -> dict[str, Any]:
         container["volumeMounts"].append(
             {"name": podenv.SCRIPT_VOLUME, "mountPath": podenv.SCRIPT_MOUNT, "readOnly": True}
         )
+    if spec.service_account_name:
+        container["volumeMounts"].append(
+            {"name": podenv.API_TOKEN_VOLUME, "mountPath": podenv.API_TOKEN_MOUNT, "readOnly": True}
+        )
     if spec.worker.env_from:
         container["envFrom"] = spec.worker.env_from
     command = worker_command(spec)
@@ -245,6 +249,17 @@ def _worker_container(spec: PyTritonModelSpec) -> dict[str, Any]:
     if resources:
         container["resources"] = resources
     return container
+
+
+def _api_token_volume() -> dict[str, Any]:
+    """What the kubelet mounts where it automounts a ServiceAccount's token (the token, refreshed before
+    it expires, the cluster's CA certificate, the namespace), as a volume for the worker alone."""
+    sources = [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+    ]
+    return {"name": podenv.API_TOKEN_VOLUME, "projected": {"sources": sources}}
 
 
 def _script_volume(spec: PyTritonModelSpec) -> list[dict[str, Any]]:
@@ -284,11 +299,11 @@ def pod_template(model: PyTritonModel) -> dict[str, Any]:
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "enableServiceLinks": False,
     }
-    if not spec.service_account_name:
-        # Nothing in the pod talks to the API server; the namespace's default account's token would be
-        # handed to the user's code and to the network-facing Triton for nothing. A ServiceAccount given in
-        # the spec is the user's to use (a cloud's workload identity), with its own automount setting.
-        pod_spec["automountServiceAccountToken"] = False
+    # Nothing of kubetriton's in the pod talks to the API server, and Triton faces the network: no
+    # container gets a token, except the worker that of a ServiceAccount the spec names.
+    pod_spec["automountServiceAccountToken"] = False
+    if spec.service_account_name:
+        pod_spec["volumes"].append(_api_token_volume())
     scheduling = spec.scheduling
     optional = {
         "serviceAccountName": spec.service_account_name,

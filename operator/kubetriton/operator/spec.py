@@ -84,8 +84,9 @@ RESERVED_VOLUMES = (
     podenv.SHM_VOLUME,
     podenv.TRITON_TMP_VOLUME,
     podenv.SCRIPT_VOLUME,
+    podenv.API_TOKEN_VOLUME,
 )
-RESERVED_MOUNT_PATHS = (podenv.WORKSPACE_MOUNT, podenv.SHM_MOUNT, podenv.SCRIPT_MOUNT)
+RESERVED_MOUNT_PATHS = (podenv.WORKSPACE_MOUNT, podenv.SHM_MOUNT, podenv.SCRIPT_MOUNT, podenv.API_TOKEN_MOUNT)
 CONFIG_MAP_KEY_PATTERN = r"^[.]?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
 """A ConfigMap key as Kubernetes allows one: letters, digits, '-', '_' and '.', but not '.' or '..' or a
 name that starts with '..'."""

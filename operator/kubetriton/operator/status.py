@@ -61,6 +61,9 @@ NO_PYTHON = '"python3": executable file not found'
 """What the container runtime says when the launcher's `python3` is not in the worker image."""
 MODEL_NOT_BOUND = "ModelNotBound"
 MODEL_CONFIG_REJECTED = "ModelConfigRejected"
+SETTINGS_REJECTED = "SettingsRejected"
+"""The worker ended on a setting of the user's that kubetriton refuses (a bind() argument, a TritonConfig,
+an environment variable): `podenv.CONFIGURATION_ERROR_EXIT_CODE`."""
 CONFIG_ERROR_MARKER = "PyTritonModelConfigError: "
 """How a traceback names the refusal of a model's configuration (by Triton, or by kubetriton before it)."""
 STARTUP_PROBE_FAILED = "StartupProbeFailed"
@@ -89,6 +92,7 @@ _SEVERITY = (
     WORKER_IMAGE_UNSUPPORTED,
     MODEL_NOT_BOUND,
     MODEL_CONFIG_REJECTED,
+    SETTINGS_REJECTED,
     STARTUP_PROBE_FAILED,
     OUT_OF_MEMORY,
     EVICTED,
@@ -275,7 +279,7 @@ def _unsupported_image(container: Mapping[str, Any]) -> Diagnosis | None:
 
 def _script_refusal(container: Mapping[str, Any]) -> Diagnosis | None:
     """What a worker that exited says the user has to change: a declared model its script does not bind,
-    or a model configuration refused."""
+    a model configuration refused, or another setting kubetriton refuses."""
     for exit_ in _exits(container):
         message = exit_.get("message", "")
         if exit_.get("exitCode") == podenv.MODEL_NOT_BOUND_EXIT_CODE and message.strip():
@@ -284,6 +288,8 @@ def _script_refusal(container: Mapping[str, Any]) -> Diagnosis | None:
         if refused:
             said = refused[-1].split(CONFIG_ERROR_MARKER, 1)[1].strip()
             return Diagnosis(MODEL_CONFIG_REJECTED, f"{said} (the log of container triton says why)")
+        if exit_.get("exitCode") == podenv.CONFIGURATION_ERROR_EXIT_CODE and message.strip():
+            return Diagnosis(SETTINGS_REJECTED, last_line(message))
     return None
 
 

@@ -33,6 +33,7 @@ import kubetriton.sidecar
 import prometheus_client
 import pytriton
 from kubetriton import podenv
+from kubetriton.private_files import make_tree_private, private_folder
 
 SIDECAR_PYTHON = {"24": "3.10", "25": "3.12"}
 """Python of the stock Triton images by release year: 24.xx images are Ubuntu 22.04, 25.xx are 24.04."""
@@ -82,9 +83,11 @@ def pyzmq_wheel(wheels: Path, python: str) -> Path:
 
 def install_runtime(runtime: Path, wheels: Path, python: str) -> None:
     """Fill `runtime` with the proxy's modules and pyzmq for the stub's Python: the sidecar's in a pod, the
-    one `kubetriton install-triton` provisioned in local mode, where each local server fills its own."""
+    one `kubetriton install-triton` provisioned in local mode, where each local server fills its own. The
+    folder is for this user alone: Triton imports and runs what it holds."""
     if runtime.exists():
         shutil.rmtree(runtime)
+    private_folder(runtime)
     package = Path(kubetriton.__file__).parent
     sidecar = Path(kubetriton.sidecar.__file__).parent
     for module in PROXY_MODULES:
@@ -96,6 +99,7 @@ def install_runtime(runtime: Path, wheels: Path, python: str) -> None:
         shutil.copyfile(source, target)
     with zipfile.ZipFile(pyzmq_wheel(wheels, python)) as wheel:
         wheel.extractall(runtime)
+    make_tree_private(runtime)
 
 
 def _copy_package(source: Path, target: Path, *, leave_out: tuple[str, ...] = ()) -> None:
@@ -105,9 +109,11 @@ def _copy_package(source: Path, target: Path, *, leave_out: tuple[str, ...] = ()
 def install_worker_runtime(runtime: Path, wheels: Path) -> None:
     """Fill `runtime` with what a worker needs in an image that has only Python and NumPy: the launcher,
     the worker side of kubetriton (not its operator), pytriton and prometheus_client in `packages/`, and
-    pyzmq for each supported Python in `cp3XX/`. A Python without a wheel here needs its own pyzmq."""
+    pyzmq for each supported Python in `cp3XX/`. A Python without a wheel here needs its own pyzmq. The
+    folder is for this user alone, as `install_runtime`'s."""
     if runtime.exists():
         shutil.rmtree(runtime)
+    private_folder(runtime)
     packages = runtime / "packages"
     package = Path(kubetriton.__file__).parent
     _copy_package(package, packages / "kubetriton", leave_out=("operator", "sidecar"))
@@ -118,6 +124,7 @@ def install_worker_runtime(runtime: Path, wheels: Path) -> None:
     for python in podenv.WORKER_PYTHONS:
         with contextlib.suppress(BootstrapError), zipfile.ZipFile(pyzmq_wheel(wheels, python)) as wheel:
             wheel.extractall(runtime / f"cp{python.replace('.', '')}")
+    make_tree_private(runtime)
 
 
 def write_token(workspace: Path, name: str) -> None:
@@ -154,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         python = os.environ.get(ENV_SIDECAR_PYTHON) or sidecar_python(args.triton_image)
         for subdir in (podenv.MODELS_SUBDIR, podenv.SOCKETS_SUBDIR):
-            (args.workspace / subdir).mkdir(parents=True, exist_ok=True)
+            private_folder(args.workspace / subdir)
         install_runtime(args.workspace / podenv.RUNTIME_SUBDIR, args.wheels, python)
         install_worker_runtime(args.workspace / podenv.WORKER_RUNTIME_SUBDIR, args.wheels)
         write_token(args.workspace, podenv.REPOSITORY_TOKEN_FILE)
