@@ -888,6 +888,7 @@ EVICTIONS = [
     ("message", "stalled", "said"), [case[1:] for case in EVICTIONS], ids=[case[0] for case in EVICTIONS]
 )
 def test_an_evicted_pod_says_why_while_its_replacement_loads(message: str, stalled: bool, said: str) -> None:
+    """Stalled, where the pod went past a limit of its own, once a second pod of the spec went past it."""
     pods = [
         evicted_pod("esm1-a", "2026-01-01T00:00:00Z", message),
         running_pod("esm1-b", "2026-01-01T00:01:00Z", ready=False),
@@ -897,6 +898,11 @@ def test_an_evicted_pod_says_why_while_its_replacement_loads(message: str, stall
     assert found["Degraded"]["reason"] == found["Ready"]["reason"] == "Evicted"
     assert found["Degraded"]["message"] == f"pod esm1-a: {said}"
     assert found["Ready"]["message"] == f"0/1 replicas ready; pod esm1-a: {said}"
+    assert (found["Progressing"]["status"], found["Progressing"]["reason"]) == ("True", "RollingOut")
+    pods[1] = evicted_pod("esm1-b", "2026-01-01T00:01:00Z", message)
+    pods.append(running_pod("esm1-c", "2026-01-01T00:02:00Z", ready=False))
+    found = by_type(MODEL, deployment(replicas=1, wanted=1), pods)
+    assert found["Degraded"]["message"] == f"pod esm1-b: {said}".replace("1 pod evicted", "2 pods evicted")
     assert (found["Progressing"]["status"], found["Progressing"]["reason"]) == (
         ("False", "Stalled") if stalled else ("True", "RollingOut")
     )
@@ -920,7 +926,7 @@ def test_an_eviction_is_named_until_a_pod_made_after_it_is_ready() -> None:
     evicted = evicted_pod("esm1-b", "2026-01-01T00:01:00Z")
     replacement = running_pod("esm1-c", "2026-01-01T00:02:00Z", ready=False)
     found = by_type(MODEL, deployment(ready=1), [serving, evicted, replacement])
-    assert (found["Degraded"]["reason"], found["Progressing"]["status"]) == ("Evicted", "False")
+    assert (found["Degraded"]["reason"], found["Progressing"]["status"]) == ("Evicted", "True")
     assert found["Degraded"]["message"].startswith("pod esm1-b: ")
     # the replacement serves; another pod, made later, loads: the model waits for it, and nothing is wrong
     replacement = running_pod("esm1-c", "2026-01-01T00:02:00Z", ready=True)
@@ -996,7 +1002,7 @@ async def test_the_operator_keeps_of_each_pod_what_its_eviction_needs() -> None:
     evicted = evicted_pod("esm1-a", "2026-01-01T00:00:00Z")
     loading = running_pod("esm1-c", "2026-01-01T00:02:00Z", ready=False)
     found = by_type(MODEL, deployment(ready=1), await indexed([evicted, loading]))
-    assert (found["Degraded"]["reason"], found["Progressing"]["reason"]) == ("Evicted", "Stalled")
+    assert (found["Degraded"]["reason"], found["Progressing"]["reason"]) == ("Evicted", "RollingOut")
     replaced = running_pod("esm1-b", "2026-01-01T00:01:00Z", ready=True)
     found = by_type(MODEL, deployment(ready=1), await indexed([evicted, replaced, loading]))
     assert found["Degraded"]["status"] == "False"

@@ -29,7 +29,7 @@ SUPPORTED = ((3, 10), (3, 13))
 UNSUPPORTED_IMAGE_EXIT_CODE = 78
 """kubetriton.podenv.UNSUPPORTED_IMAGE_EXIT_CODE; this file imports nothing of kubetriton."""
 CONFIGURATION_ERROR_EXIT_CODE = 65
-CONFIGURATION_ERRORS = ("PyTritonValidationError", "PyTritonBadParameterError", "PyTritonModelConfigError")
+CONFIGURATION_ERRORS = ("PyTritonValidationError", "PyTritonBadParameterError")
 """kubetriton.podenv.CONFIGURATION_ERROR_EXIT_CODE, and the names of podenv.CONFIGURATION_ERRORS in
 `pytriton.exceptions` (which any kubetriton an image may have holds)."""
 TERMINATION_LOG = "/dev/termination-log"
@@ -111,7 +111,7 @@ def run_script(command):
 
     configuration_errors = tuple(getattr(pytriton.exceptions, name) for name in CONFIGURATION_ERRORS)
     try:
-        runpy.run_path(script, run_name="__main__")
+        runpy.run_path(os.path.abspath(script), run_name="__main__")  # `__file__` as `python3 SCRIPT` has
     except configuration_errors as error:
         line = f"{type(error).__name__}: {error}"
         sys.stderr.write(line + "\n")

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pytriton import settings
-from pytriton.exceptions import PyTritonBadParameterError, PyTritonModelConfigError, PyTritonValidationError
+from pytriton.exceptions import PyTritonBadParameterError, PyTritonValidationError
 
 TRITON_VERSION = "2.51.0"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
@@ -70,10 +70,12 @@ is the container's termination message."""
 MODEL_NOT_BOUND_EXIT_CODE = 64
 """A worker's exit status when its script serves without binding a model the pod declares (EX_USAGE): no
 restart binds it. Its one-line reason, which names the models bound, is the termination message."""
-CONFIGURATION_ERRORS = (PyTritonValidationError, PyTritonBadParameterError, PyTritonModelConfigError)
+CONFIGURATION_ERRORS = (PyTritonValidationError, PyTritonBadParameterError)
 """The errors that say a setting of the user's is wrong, in PyTriton's terms (a value given to the API, a
-parameter, a model's configuration): an environment variable, a TritonConfig, a bind() argument, a
-configuration Triton refuses to load. The same settings fail the same way again, so no restart mends them."""
+parameter): an environment variable, a TritonConfig, a bind() argument, found before anything is loaded.
+The same settings fail the same way again, so no restart mends them. Not PyTritonModelConfigError: a load
+that Triton refused, or a warm-up that failed, may pass another time (a stub that did not start, a GPU
+short of memory for a moment), so it is restarted, and the status names it (ModelConfigRejected)."""
 CONFIGURATION_ERROR_EXIT_CODE = 65
 """A worker's exit status when its script ended on one of `CONFIGURATION_ERRORS` (the launcher sees to it):
 no restart mends it. Its one line, `<error class>: <message>`, is on stderr and the termination message.

@@ -49,7 +49,8 @@ def write_private_file(path: Path, text: str) -> None:
 
 def make_tree_private(root: Path) -> None:
     """Every folder below `root` 0700 and every file 0600: what was copied or unpacked there (a wheel)
-    took its modes from the umask. Make `root` private first, so that nobody reaches in meanwhile."""
+    took its modes from the umask. Its callers make `root` private before they fill it, so that nobody
+    reaches in meanwhile."""
     for folder, subfolders, files in os.walk(root):
         for name in subfolders:
             os.chmod(os.path.join(folder, name), PRIVATE_FOLDER)

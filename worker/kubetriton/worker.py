@@ -258,7 +258,7 @@ class Peer:
         self.hop.close()
 
 
-_PEER_CREDENTIALS = struct.Struct("3i")
+_PEER_CREDENTIALS = struct.Struct("iII")
 """Linux's `struct ucred`, which `SO_PEERCRED` fills in: the peer's process id, user id and group id."""
 
 

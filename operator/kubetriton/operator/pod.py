@@ -255,7 +255,9 @@ def _api_token_volume() -> dict[str, Any]:
     """What the kubelet mounts where it automounts a ServiceAccount's token (the token, refreshed before
     it expires, the cluster's CA certificate, the namespace), as a volume for the worker alone."""
     sources = [
-        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+        # 3607 s as the kubelet's own: an API server that extends automounted tokens (the default) makes
+        # it a year, so clients that read the token once keep working
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
         {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
         {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
     ]

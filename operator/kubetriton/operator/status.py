@@ -54,6 +54,8 @@ OUT_OF_MEMORY = "OOMKilled"
 EVICTED = "Evicted"
 """The kubelet evicted the pod (the reason of a Failed pod): past an ephemeral-storage limit or an emptyDir's
 sizeLimit of its own, or from a node low on a resource."""
+EVICTIONS_BEFORE_STALLED = 2
+"""How many pods of one template evicted past a limit of their own make a model Stalled."""
 TEMPLATE_HASH_LABEL = "pod-template-hash"
 """The label that says of which pod template (ReplicaSet) of its Deployment a pod is."""
 WORKER_IMAGE_UNSUPPORTED = "WorkerImageUnsupported"
@@ -393,11 +395,11 @@ def diagnose_pod(
 def _eviction(pod: Mapping[str, Any], evictions: int) -> Diagnosis:
     """Why the kubelet evicted the pod (its `status.message`) and what to change; `evictions` counts the
     evicted pods of its template. Past a limit of its own, the pod made in its place runs the same spec and
-    goes past it again: stalled. A node low on a resource may have room again, or the new pod may go to
-    another node."""
+    goes past it again: stalled from the second eviction (one pod's logs may have grown over days). A node
+    low on a resource may have room again, or the new pod may go to another node."""
     message = ((pod.get("status") or {}).get("message") or "").strip()
     times = f"{evictions} pod{'' if evictions == 1 else 's'} evicted so far"
-    stalled = True
+    stalled = evictions >= EVICTIONS_BEFORE_STALLED
     if found := _PAST_CONTAINER_LIMIT.search(message):
         container, limit = found.groups()
         said = (
