@@ -7,8 +7,8 @@ Warning event about the pod), and the command that waits for it must exit non-ze
 status, with the cause in its output: `kubetriton deploy`, or `kubetriton status NAME --wait` for the
 one case that `deploy` cannot make (a script ConfigMap that does not exist, from `kubectl apply`). Cases
 that need fields `deploy` has no flag for (a Secret, a node selector, a volume claim, `startupSeconds`, a
-memory or disk limit) are applied with kubectl from `deploy --dry-run=client -o yaml`, then deployed
-again, as a user who edits the generated YAML would.
+memory or disk limit, an environment variable) are applied with kubectl from `deploy --dry-run=client -o
+yaml`, then deployed again, as a user who edits the generated YAML would.
 """
 
 from __future__ import annotations
@@ -106,6 +106,10 @@ def _small_disk_limit(model: dict[str, Any]) -> None:
     model["spec"]["worker"]["resources"] = {"limits": {"ephemeral-storage": "128Mi"}}
 
 
+def _arena_of_no_size(model: dict[str, Any]) -> None:
+    model["spec"]["worker"]["env"] = [{"name": "KUBETRITON_ARENA_BYTES", "value": "lots"}]
+
+
 CASES = {
     "a script that raises at its start": Case(
         _script('raise RuntimeError("the weights are not where the script looks")'),
@@ -155,6 +159,12 @@ CASES = {
         "Evicted",
         "raise spec.worker.resources.limits.ephemeral-storage",
         spec=_small_disk_limit,
+    ),
+    "a setting kubetriton refuses": Case(
+        _script(),
+        "SettingsRejected",
+        "PyTritonValidationError: KUBETRITON_ARENA_BYTES='lots' is not a positive whole number of bytes",
+        spec=_arena_of_no_size,
     ),
     "Triton refusing the generated configuration": Case(
         _script(config=REFUSED_BY_TRITON), "ModelConfigRejected", "Triton refused"
