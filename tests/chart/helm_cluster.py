@@ -14,7 +14,8 @@ in the chart:
   chart object still goes to the emulator as JSON, through Helm's dynamic client.
 
 The emulator also reports a Kubernetes version the chart supports (kmock says 1.26; the chart needs
-1.29 for native sidecars) and serves the kinds the chart creates.
+1.30: native sidecars, and admission policies in admissionregistration.k8s.io/v1) and serves the kinds
+the chart creates.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ _CHART_KINDS = {
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True),
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False),
     "apps/v1/deployments": ("Deployment", True),
+    "admissionregistration.k8s.io/v1/validatingadmissionpolicies": ("ValidatingAdmissionPolicy", False),
+    "admissionregistration.k8s.io/v1/validatingadmissionpolicybindings": (
+        "ValidatingAdmissionPolicyBinding",
+        False,
+    ),
 }
 _SERVER_FIELDS = ("uid", "creationTimestamp", "generation", "resourceVersion")
 

@@ -46,7 +46,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
         "clusterDomain": "corp.example",
     },
-    "crd-not-kept": {"crds": {"keep": False}, "test": {"enabled": False}},
+    "crd-not-kept": {"crds": {"keep": False}, "test": {"enabled": False}, "rbac": {"restrictWrites": False}},
 }
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from helm_cluster import requires_helm
-from kubetriton.operator import rbac
+from kubetriton.operator import naming, rbac
 from releases import NAMESPACE, VALUE_SETS, installed, lease_name
 
 pytestmark = requires_helm
@@ -118,3 +118,52 @@ def test_users_who_edit_a_namespace_may_manage_models_there() -> None:
 def test_aggregation_can_be_turned_off() -> None:
     names = {role["metadata"]["name"] for role in installed("customized").find("ClusterRole")}
     assert names == {"triton-operator"}
+
+
+def test_the_operator_may_write_only_what_it_manages() -> None:
+    """The admission policy matches the operator's writes of every kind it may create, and only its own."""
+    release = installed("customized")
+    policy = release.one("ValidatingAdmissionPolicy")
+    binding = release.one("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    writable = {
+        (group, resource)
+        for rule in rbac.RULES
+        if "create" in rule["verbs"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    matched = {
+        (group, resource)
+        for rule in spec["matchConstraints"]["resourceRules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert matched == writable and ("apps", "deployments") in matched
+    assert all(
+        rule["operations"] == ["CREATE", "UPDATE", "DELETE"]
+        for rule in spec["matchConstraints"]["resourceRules"]
+    )
+    account = release.one("Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    (condition,) = spec["matchConditions"]
+    assert (
+        condition["expression"]
+        == f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:{account}'"
+    )
+    label = f"['{naming.MANAGED_BY_LABEL}'] == '{naming.MANAGER}'"
+    old, new = spec["validations"]
+    assert (
+        old["expression"].startswith("request.operation == 'CREATE' || ")
+        and f"oldObject.metadata.labels{label}" in old["expression"]
+    )
+    assert (
+        new["expression"].startswith("request.operation == 'DELETE' || ")
+        and f"object.metadata.labels{label}" in new["expression"]
+    )
+
+
+def test_the_admission_policy_can_be_left_out() -> None:
+    release = installed("crd-not-kept")
+    assert release.find("ValidatingAdmissionPolicy") == release.find("ValidatingAdmissionPolicyBinding") == []
