@@ -486,6 +486,14 @@ def test_an_access_token_header_of_the_call_replaces_the_clients_token(triton: T
     assert result["token"][0] == b"other"
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_token_a_header_cannot_carry_is_refused_without_being_shown(protocol: str) -> None:
+    """tritonclient would refuse it with `Invalid header value b'<the token>'`: the secret in a traceback."""
+    with pytest.raises(ValueError, match="visible ASCII") as caught:
+        create_auth_headers("s3cr3t\nt0ken", protocol)
+    assert "s3cr3t" not in str(caught.value) and "t0ken" not in str(caught.value)
+
+
 def test_from_existing_client_reuses_the_config(triton: Triton) -> None:
     with ModelClient(GRPC_URL, "double") as first:
         first.infer_sample(np.array([1.0], np.float32))

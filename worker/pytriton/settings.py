@@ -294,7 +294,7 @@ class TritonSecurityConfig:
     restricted in any case: on a local server protecting it, by the access token as well; otherwise (not
     protected here, or in a pod) by kubetriton's own token alone.
 
-    A token given must be visible ASCII, no space (`_VISIBLE_ASCII` says why); an empty one is refused,
+    A token given must be visible ASCII, no space (`carriable_token` says why); an empty one is refused,
     where PyTriton 0.7 took it and then protected nothing.
     """
 
@@ -318,10 +318,14 @@ class TritonSecurityConfig:
 
 
 _VISIBLE_ASCII = re.compile(r"[!-~]+")
-"""What a given access token may hold: visible ASCII, no space. Clients send it as an HTTP header's value
-and as gRPC metadata, which hold printable ASCII (a header's value loses its spaces at either end), and
-tritonserver takes it in the argument `<endpoints>:triton-access-token=<token>`, whose value is all that
-follows the first `=` after the first `:`, ':' and '=' included."""
+
+
+def carriable_token(token: object) -> bool:
+    """Whether `token` can be an access token: visible ASCII, no space. Clients send it as an HTTP header's
+    value and as gRPC metadata, which hold printable ASCII (a header's value loses its spaces at either
+    end), and tritonserver takes it in the argument `<endpoints>:triton-access-token=<token>`, whose value
+    is all that follows the first `=` after the first `:`, ':' and '=' included."""
+    return isinstance(token, str) and _VISIBLE_ASCII.fullmatch(token) is not None
 
 
 def _check_access_token(token: str) -> None:
@@ -334,7 +338,7 @@ def _check_access_token(token: str) -> None:
             "generated one (Triton().get_access_token() returns it) or give a token; to leave them open, "
             "pass restricted_endpoints=[] and no token"
         )
-    if not isinstance(token, str) or not _VISIBLE_ASCII.fullmatch(token):
+    if not carriable_token(token):
         raise PyTritonValidationError(
             "TritonSecurityConfig(access_token=...): the token must be visible ASCII characters only "
             "(letters, digits and punctuation; no space, no control character such as a newline, nothing "

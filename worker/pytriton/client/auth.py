@@ -12,14 +12,22 @@ from collections.abc import Mapping
 
 from kubetriton.podenv import ACCESS_TOKEN_HEADER, GRPC_RESTRICTED_PREFIX
 
+from pytriton.settings import carriable_token
+
 GRPC_ACCESS_TOKEN_HEADER = GRPC_RESTRICTED_PREFIX + ACCESS_TOKEN_HEADER
 
 
 def create_auth_headers(access_token: str | None, protocol: str) -> dict[str, str]:
     """The headers that carry `access_token` over `protocol` ("http" or "grpc"); ValueError for an empty
-    token or another protocol."""
+    token, one that a header cannot carry (the message does not show it: it would end in a log), or another
+    protocol."""
     if not access_token:
         raise ValueError("access_token must be a non-empty string")
+    if not carriable_token(access_token):
+        raise ValueError(
+            "access_token must be visible ASCII characters only (no space, no control character such as a "
+            "newline): it is sent in an HTTP header or gRPC metadata"
+        )
     if protocol.lower() == "http":
         return {ACCESS_TOKEN_HEADER: access_token}
     if protocol.lower() == "grpc":
