@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -182,6 +183,7 @@ def test_offline_from_a_wheel_file_with_a_python_without_ensurepip_the_quickstar
     installed = install_triton("--from", str(wheel), "--stub-python", str(python), cache=cache)
     assert installed.returncode == 0, installed.stderr
     root = cache / "kubetriton" / "tritonserver-2.51.0"
+    assert stat.S_IMODE(root.parent.stat().st_mode) == 0o700, "nobody else may replace what Triton runs"
     assert [path.name for path in (root / SERVER_SUBDIR / STUBS_BY_VERSION).iterdir()] == [PYTHON]
     assert not list((root / LIBRARIES_SUBDIR).glob("libpython*"))
     site_packages = root / "stub-python" / "lib" / f"python{PYTHON}" / "site-packages"

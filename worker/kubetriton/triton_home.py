@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubetriton.podenv import TRITON_VERSION
+from kubetriton.private_files import private_folder
 from kubetriton.stub_python import (
     ENV_STUB_PYTHON,
     PYZMQ,
@@ -275,7 +276,7 @@ def install(source: WheelSource, requested: str | None = None) -> StubPython:
     if current is not None:
         link_python_backend(root / SERVER_SUBDIR, current)
         return current
-    root.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(root.parent)  # what pip unpacks takes its modes from the umask: nobody else gets in
     with tempfile.TemporaryDirectory(dir=root.parent) as staging:
         unpacked, kept = Path(staging) / "wheel", Path(staging) / "kept"
         pip = [*pip_command(), "install", "--no-deps", "--target", str(unpacked), *source.index_options]
