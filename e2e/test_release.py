@@ -61,13 +61,26 @@ metadata:
   labels:
     app.kubernetes.io/managed-by: kubetriton-operator
 """
+EVENT = """apiVersion: v1
+kind: Event
+metadata:
+  generateName: posted-by-the-operator-
+involvedObject:
+  apiVersion: v1
+  kind: ConfigMap
+  name: not-the-operators
+type: Normal
+reason: Posted
+message: an Event as kopf posts one, without labels
+"""
 
 
 def test_the_operators_account_writes_only_what_it_manages(
     release: dict[str, Any], cluster: Cluster, settings: Settings
 ) -> None:
     """The chart's admission policy: the operator's RBAC lets it write any ConfigMap in the namespaces it
-    watches, its token only those labelled as the operator's, and it cannot take one over by labelling it."""
+    watches, its token only those labelled as the operator's, and it cannot take one over by labelling it.
+    The Events it posts (kopf's, unlabelled) pass."""
     (deployment,) = cluster.apps.list_namespaced_deployment(
         settings.namespace, label_selector="app.kubernetes.io/component=operator"
     ).items
@@ -97,6 +110,8 @@ def test_the_operators_account_writes_only_what_it_manages(
         ):
             done = as_operator(*attempt, "-n", namespace)
             assert done.returncode != 0 and "ValidatingAdmissionPolicy" in done.stderr, (attempt, done.stderr)
+        posted = as_operator("create", "-n", namespace, "-f", "-", stdin=EVENT)
+        assert posted.returncode == 0, posted.stderr
         assert as_operator("apply", "-n", namespace, "-f", "-", stdin=MANAGED).returncode == 0
         assert as_operator("delete", "configmap", "managed-by-the-operator", "-n", namespace).returncode == 0
     finally:
