@@ -69,6 +69,7 @@ involvedObject:
   apiVersion: v1
   kind: ConfigMap
   name: not-the-operators
+  namespace: {namespace}
 type: Normal
 reason: Posted
 message: an Event as kopf posts one, without labels
@@ -110,7 +111,7 @@ def test_the_operators_account_writes_only_what_it_manages(
         ):
             done = as_operator(*attempt, "-n", namespace)
             assert done.returncode != 0 and "ValidatingAdmissionPolicy" in done.stderr, (attempt, done.stderr)
-        posted = as_operator("create", "-n", namespace, "-f", "-", stdin=EVENT)
+        posted = as_operator("create", "-n", namespace, "-f", "-", stdin=EVENT.format(namespace=namespace))
         assert posted.returncode == 0, posted.stderr
         assert as_operator("apply", "-n", namespace, "-f", "-", stdin=MANAGED).returncode == 0
         assert as_operator("delete", "configmap", "managed-by-the-operator", "-n", namespace).returncode == 0
