@@ -657,16 +657,7 @@ def test_a_worker_refuses_a_proxy_of_another_wire_version_with_a_message_for_eac
         1,
     )
     settings = TransportSettings(sockets_dir=folder, arena_dir=folder, arena_bytes=1 << 20, busy_poll_us=0)
-    server = InstanceServer(
-        spec,
-        0,
-        lambda requests: [{"y": r["x"]} for r in requests],
-        settings,
-        debug=False,
-        on_unrecoverable=print,
-    )
-    server.start()
-    try:
+    with echo_server(spec, settings):
         assert read_hello(hello_text("a.req", "a.resp")) == ("a.req", "a.resp")
         x = np.ones((1, 1), np.float32)
         for hello, theirs in (
@@ -703,9 +694,6 @@ def test_a_worker_refuses_a_proxy_of_another_wire_version_with_a_message_for_eac
         assert (reply.kind, reply.id) == (REPLY, 9)
         assert decode_tensor(reply.entries[0][0], answer[1:], arenas[1]).tolist() == [[1.0]]
         hop.close()
-    finally:
-        server.stop()
-        server.join(10)
 
 
 ECHO = ModelSpec(
@@ -738,8 +726,15 @@ def echo_instance(folder: Path) -> Iterator[TransportSettings]:
     )
     settings.sockets_dir.mkdir()
     settings.arena_dir.mkdir()
+    with echo_server(ECHO, settings):
+        yield settings
+
+
+@contextlib.contextmanager
+def echo_server(spec: ModelSpec, settings: TransportSettings) -> Iterator[InstanceServer]:
+    """A started instance server of `spec` whose callable returns its input `x` as `y`."""
     server = InstanceServer(
-        ECHO,
+        spec,
         0,
         lambda requests: [{"y": r["x"]} for r in requests],
         settings,
@@ -748,7 +743,7 @@ def echo_instance(folder: Path) -> Iterator[TransportSettings]:
     )
     server.start()
     try:
-        yield settings
+        yield server
     finally:
         server.stop()
         server.join(10)

@@ -92,11 +92,6 @@ def current_pods(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> list[d
     return [pod for pod in pods if current(pod)]
 
 
-def _pod_condition(pod: Mapping[str, Any], kind: str) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(found.get("type") == kind and found.get("status") == "True" for found in conditions)
-
-
 def _images_pulled(pod: Mapping[str, Any]) -> bool:
     pod_status = pod.get("status") or {}
     containers = [
@@ -116,7 +111,7 @@ def steps(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> dict[str, str
     shown: dict[str, str] = {}
     if mine:
         shown["scheduled"] = (
-            f"pods scheduled: {sum(_pod_condition(p, 'PodScheduled') for p in mine)} of {wanted}"
+            f"pods scheduled: {sum(status.pod_condition(p, 'PodScheduled') for p in mine)} of {wanted}"
         )
         shown["pulled"] = f"images pulled: {sum(_images_pulled(p) for p in mine)} of {wanted}"
         loading = status.loading(mine)
@@ -127,7 +122,7 @@ def steps(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> dict[str, str
         shown["problem"] = f"{degraded.get('reason')}: {degraded.get('message')}"
     ready = (model.get("status") or {}).get("readyReplicas", 0) if is_ready(model) else None
     if ready is None and mine:
-        ready = sum(_pod_condition(p, "Ready") for p in mine)
+        ready = sum(status.pod_condition(p, "Ready") for p in mine)
     if ready:
         shown["ready"] = f"ready: {ready} of {wanted}"
     router = condition(model, status.ROUTER_READY)

@@ -471,9 +471,10 @@ def _evicted(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("reason") == EVICTED
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
+def pod_condition(pod: Mapping[str, Any], kind: str) -> bool:
+    """Whether the pod's condition `kind` (Ready, PodScheduled) is True."""
     conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(found.get("type") == "Ready" and found.get("status") == "True" for found in conditions)
+    return any(found.get("type") == kind and found.get("status") == "True" for found in conditions)
 
 
 def _current_evictions(
@@ -490,10 +491,9 @@ def _current_evictions(
     if not pods or ready >= wanted:
         return []
     template = _template(max(pods, key=_created))
-    evicted = [pod for pod in pods if _evicted(pod) and _template(pod) == template]
-    newest_ready = max(
-        (_created(pod) for pod in pods if _ready(pod) and _template(pod) == template), default=""
-    )
+    current = [pod for pod in pods if _template(pod) == template]
+    evicted = [pod for pod in current if _evicted(pod)]
+    newest_ready = max((_created(pod) for pod in current if pod_condition(pod, "Ready")), default="")
     return [(_created(pod), _eviction(pod, len(evicted))) for pod in evicted if _created(pod) >= newest_ready]
 
 
