@@ -518,6 +518,19 @@ async def test_deploy_stops_at_an_image_kubetriton_cannot_run_in(
     assert script_config_maps(cluster) == [map_name], "the script stays for the next try"
 
 
+def test_an_evicted_pods_last_output_is_not_shown_as_the_cause() -> None:
+    """The kubelet killed it: its last lines were written before, and the eviction's message says why."""
+    pod = exited_pod("lengths", "python:3.13-slim", "m", "Loading the weights", exit_code=137)
+    name = pod["metadata"]["name"]
+    message = f"pod {name}: the pod was evicted (1 pod evicted so far): The node was low on resource: memory."
+    assert rollout.error_output([pod], message) == [
+        f"the last lines of container worker of pod {name}:",
+        "  Loading the weights",
+    ]
+    pod["status"].update(phase="Failed", reason="Evicted", message="The node was low on resource: memory.")
+    assert rollout.error_output([pod], message) == []
+
+
 TRACEBACK = ["Traceback (most recent call last):"] + [
     f'  File "serve.py", line {n}, in f{n}' for n in range(12)
 ]

@@ -849,8 +849,8 @@ EVICTIONS = [
         True,
         "the pod's files, logs and emptyDir volumes went past its ephemeral-storage limit (128Mi, its"
         " containers' limits together), and it was evicted (1 pod evicted so far); raise"
-        " spec.worker.resources.limits.ephemeral-storage, or make the worker write less to its disk and"
-        " emptyDir volumes",
+        " spec.worker.resources.limits.ephemeral-storage, or make container worker write less to its disk"
+        " and emptyDir volumes",
     ),
     (
         "past the worker's limit",
@@ -905,6 +905,29 @@ def test_an_evicted_pod_says_why_while_its_replacement_loads(message: str, stall
     assert found["Degraded"]["message"] == f"pod esm1-b: {said}".replace("1 pod evicted", "2 pods evicted")
     assert (found["Progressing"]["status"], found["Progressing"]["reason"]) == (
         ("False", "Stalled") if stalled else ("True", "RollingOut")
+    )
+
+
+def test_a_router_pods_limits_are_named_where_they_are_set() -> None:
+    """A router's resources are the operator's (the chart's router.resources), not the model's spec."""
+    evicted = evicted_pod("esm1-router-a", "2026-01-01T00:00:00Z")
+    evicted["status"]["containerStatuses"][0]["name"] = "haproxy"
+    oom = {"exitCode": 137, "reason": "OOMKilled"}
+    killed = waiting_pod("haproxy", "CrashLoopBackOff", last=oom, restarts=1)
+    killed["metadata"]["creationTimestamp"] = "2026-01-01T00:01:00Z"
+    killed["status"]["containerStatuses"] = killed["status"].pop("initContainerStatuses")
+    router_deployment = deployment(replicas=1, wanted=1)
+    _, ready = status.router(MODEL, router_deployment, [evicted], pods_ready=1)
+    assert ready["reason"] == "Evicted"
+    assert (
+        "raise the chart's router.resources.limits.ephemeral-storage, or make container haproxy"
+        in ready["message"]
+    )
+    _, ready = status.router(MODEL, router_deployment, [evicted, killed], pods_ready=1)
+    assert ready["reason"] == "OOMKilled"
+    assert ready["message"].endswith(
+        "container haproxy went past its memory limit and was killed (2 times); raise the chart's"
+        " router.resources.limits.memory, or make it use less"
     )
 
 

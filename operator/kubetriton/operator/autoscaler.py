@@ -434,7 +434,7 @@ def ready_pods(pods: Iterable[Mapping[str, Any]]) -> list[PodAddress]:
         PodAddress(pod["metadata"]["name"], pod["status"]["podIP"])
         for pod in pods
         if not (pod.get("metadata") or {}).get("deletionTimestamp")
-        and (pod.get("status") or {}).get("ready")
+        and status.pod_condition(pod, "Ready")
         and (pod.get("status") or {}).get("podIP")
     ]
 

@@ -284,7 +284,6 @@ async def _pod_summary(
 
     conditions = observed.get("conditions") or []
     read_conditions = [c for c in conditions if c.get("type") in ("PodScheduled", "Ready")]
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     claims = [volume for volume in body.spec.get("volumes") or [] if volume.get("persistentVolumeClaim")]
     template = labels.get(status.TEMPLATE_HASH_LABEL)
     return {
@@ -298,7 +297,6 @@ async def _pod_summary(
             "spec": {"volumes": claims},
             "status": {
                 "podIP": observed.get("podIP", ""),
-                "ready": ready,
                 **{key: observed[key] for key in ("reason", "message") if key in observed},
                 "conditions": read_conditions,
                 "initContainerStatuses": containers("initContainerStatuses"),

@@ -157,9 +157,12 @@ def stalled(model: Mapping[str, Any], pods: list[dict[str, Any]]) -> dict[str, A
 def error_output(pods: list[dict[str, Any]], message: str) -> list[str]:
     """The last lines of what the failing container said as it exited (its termination message: the
     script's traceback, or the launcher's one line), from the pod the message is about; the worker's
-    first. Empty when no container of it has exited with a message."""
+    first. Empty when no container of it has exited with a message, or when the kubelet evicted the pod
+    (what its containers said as they were killed tells nothing of why: the message does)."""
     for pod in _named(pods, message):
         found = pod.get("status") or {}
+        if found.get("reason") == status.EVICTED:
+            continue
         containers = [*(found.get("containerStatuses") or []), *(found.get("initContainerStatuses") or [])]
         for container in containers:
             for state in (container.get("state") or {}, container.get("lastState") or {}):

@@ -27,6 +27,7 @@ from typing import Any
 from kubetriton import podenv
 from kubetriton.operator import naming
 from kubetriton.operator.pod import TRITON_CONTAINER, WORKER_CONTAINER
+from kubetriton.operator.router import CONTAINER as ROUTER_CONTAINER
 from kubetriton.operator.spec import PyTritonModel
 
 
@@ -170,6 +171,20 @@ def pod_warning(event: Mapping[str, Any]) -> dict[str, Any] | None:
 def _container_statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     status = pod.get("status") or {}
     return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def _resources_of(container: str) -> str:
+    """Where a container's resources are set: the model's spec, or for the router's, the operator's settings,
+    which the chart's values give."""
+    if container == ROUTER_CONTAINER:
+        return "the chart's router.resources"
+    return f"spec.{container}.resources"
+
+
+def _serving_container(pod: Mapping[str, Any]) -> str:
+    """The container that serves in one of the operator's pods: a router pod's, or the model's worker."""
+    names = {container.get("name") for container in _container_statuses(pod)}
+    return ROUTER_CONTAINER if ROUTER_CONTAINER in names else WORKER_CONTAINER
 
 
 def _claims(pod: Mapping[str, Any]) -> list[str]:
@@ -348,7 +363,7 @@ def _container_problem(
         return Diagnosis(
             OUT_OF_MEMORY,
             f"container {name} went past its memory limit and was killed ({restarts + 1} times); raise"
-            f" spec.{name}.resources.limits.memory, or make it use less",
+            f" {_resources_of(name)}.limits.memory, or make it use less",
             stalled=restarts >= CRASH_LOOP_STALLED_RESTARTS,
         )
     if reason == CRASH_LOOP:
@@ -404,15 +419,16 @@ def _eviction(pod: Mapping[str, Any], evictions: int) -> Diagnosis:
         container, limit = found.groups()
         said = (
             f"container {container} went past its ephemeral-storage limit ({limit}) with its files and logs,"
-            f" and the pod was evicted ({times}); raise spec.{container}.resources.limits.ephemeral-storage,"
+            f" and the pod was evicted ({times}); raise {_resources_of(container)}.limits.ephemeral-storage,"
             " or make it write less to its disk"
         )
     elif found := _PAST_POD_LIMIT.search(message):
+        serving = _serving_container(pod)
         said = (
             "the pod's files, logs and emptyDir volumes went past its ephemeral-storage limit"
             f" ({found.group(1)}, its containers' limits together), and it was evicted ({times}); raise"
-            " spec.worker.resources.limits.ephemeral-storage, or make the worker write less to its disk and"
-            " emptyDir volumes"
+            f" {_resources_of(serving)}.limits.ephemeral-storage, or make container {serving} write less to"
+            " its disk and emptyDir volumes"
         )
     elif found := _PAST_VOLUME_LIMIT.search(message):
         volume, limit = found.groups()
@@ -426,7 +442,7 @@ def _eviction(pod: Mapping[str, Any], evictions: int) -> Diagnosis:
         said = (
             f"the node ran low on {resource}, and the pod was evicted ({times}): container {container} used"
             f" {used}, more than it requests; request what it uses in"
-            f" spec.{container}.resources.requests.{resource} (pods past their requests are evicted first)"
+            f" {_resources_of(container)}.requests.{resource} (pods past their requests are evicted first)"
         )
         stalled = False
     else:
