@@ -22,7 +22,11 @@ object store (so `objects` and the recorded requests stay available to assertion
   namespaces that terminate: deleting one marks it Terminating, and creating anything in it then
   fails with the API server's 403;
 - a count of requests by method and resource, and writes that can be refused (as by an admission
-  webhook) or held without an answer (as by an overloaded API server).
+  webhook) or held without an answer (as by an overloaded API server);
+- `faults`: checks of every request on objects (reads, watches and subresources included) that may
+  answer it with an error, hold it, or answer in the server's place, as an API server that fails
+  does; and `drop_watches`, which cuts the open watch streams of a resource, as a restarting API
+  server or a load balancer in between does.
 
 `OperatorThread` runs the real operator on its own thread and event loop, because
 `kopf.operator()` cancels every task of the loop it runs on when it stops.
@@ -40,7 +44,7 @@ import re
 import secrets
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp.web
@@ -131,6 +135,10 @@ def crd_resource(crd: dict[str, Any]) -> tuple[str, kmock.ResourceInfo]:
         verbs=ALL_VERBS,
     )
     return f"{crd_spec['group']}/{version['name']}/{names['plural']}", info
+
+
+Fault = Callable[[rendering.Request], Awaitable[aiohttp.web.StreamResponse | None]]
+"""A check of a request before the emulator serves it (see `ClusterEmulator.faults`)."""
 
 
 NAMESPACE_PATH = re.compile(r"/api/v1/namespaces(?:/(?P<name>[^/]+))?/?")
@@ -326,6 +334,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     """Plural names whose writes get no answer while they are here."""
     request_counts: collections.Counter[str] = attrs.field(factory=collections.Counter)
     """Requests by method and resource, such as "PATCH deployments" or "GET pods watch"."""
+    faults: list[Fault] = attrs.field(factory=list)
+    """Checks of every request on objects, in order, before it is served: one may raise the API
+    server's error (`kmock.KubernetesError`), take its time (a slow API server), or return the
+    answer to send in the server's place; None lets the request through."""
+    _watching: dict[str, set[asyncio.BaseTransport]] = attrs.field(
+        factory=lambda: collections.defaultdict(set), init=False
+    )
+    """The connections of the open watches, by plural name."""
     _clock: _Clock = attrs.field(factory=_Clock, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -371,6 +387,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 return await super()._handle(request)
             watching = " watch" if request.action == enums.action.WATCH else ""
             self.request_counts[f"{request.method.value.upper()} {resource.plural}{watching}"] += 1
+            for fault in list(self.faults):
+                answer = await fault(request)
+                if answer is not None:
+                    return answer
             if self._custom_resource_missing(resource):
                 raise kmock.KubernetesError(
                     status=404, reason="NotFound", message="the server could not find the requested resource"
@@ -396,6 +416,11 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         finally:
             if not self.record_requests:
                 self._requests.remove(request)
+
+    def drop_watches(self, plural: str) -> None:
+        """Cut the connection of every open watch of the resource; its watchers reconnect."""
+        for connection in self._watching.pop(plural, set()):
+            connection.close()
 
     @staticmethod
     def _content_type(request: rendering.Request) -> str:
@@ -540,6 +565,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         bus = self._buses[request.resource]
         since = request.params.get("resourceVersion", "")
         marker = await bus.mark()
+        connection = request._raw_request.transport
+        watching = self._watching[request.resource.plural]
+        if connection is not None:
+            watching.add(connection)
         try:
             async with self._lock:
                 if since.isdigit() and since != "0":
@@ -554,6 +583,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 if _version(event) > horizon and self._in_scope(request, event["object"]):
                     await response.write(json.dumps(event).encode() + b"\n")
         finally:
+            watching.discard(connection)
             await bus.unmark(marker)
         return response
 

@@ -33,8 +33,9 @@ Nothing here builds a manifest: that is `children`'s job, and the status is `sta
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,9 @@ REFUSED_RETRY_DELAYS = (10.0, 30.0, 60.0, 120.0, 300.0)
 """The same after a refusal, which usually waits for a spec change (acted on at once anyway)."""
 MAX_CONCURRENT_ROLLOUTS = 3
 """Serving models whose pods roll at once for a change of the operator's own pod template."""
+API_RETRY_DELAYS = (1.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 30.0)
+"""Seconds between kopf's attempts of one of its own requests (a list, a watch) that the API server
+refuses with a server error, throttling or a 403 (kopf's own delays, then 30 s); the last one repeats."""
 
 POD = children.ChildKind("v1", "Pod", "pods")
 INDEXES = {
@@ -125,6 +129,23 @@ WATCH_HANDLERS = (
 """The ids of the handlers that kopf calls for every watch event of what they watch."""
 
 
+@dataclass(frozen=True)
+class Endless:
+    """Delays of which the last repeats for ever: kopf's backoffs for its own requests.
+
+    kopf gives up on a request once its backoffs run out (54 s of its own), and a list or a watch
+    that gives up stops the whole operator: an API server that answered 503 for a minute (its etcd
+    away, an upgrade behind a load balancer) ended the operator's process. Retried for ever, a list
+    or a watch resumes when the API server does, as one whose connection is refused always did. (Not
+    being `Sized` is what tells kopf to go on.)
+    """
+
+    delays: Sequence[float]
+
+    def __iter__(self) -> Iterator[float]:
+        return itertools.chain(self.delays, itertools.repeat(self.delays[-1]))
+
+
 class NoEssence(kopf.DiffBaseStorage):
     """Keeps no essence of an object for kopf to compare with its next version.
 
@@ -147,7 +168,8 @@ class NoEssence(kopf.DiffBaseStorage):
 def operator_settings() -> kopf.OperatorSettings:
     """kopf settings: children filtered by the API server
     (the operator never sees other apps' objects), CRDs watched, so that a CRD installed after
-    the operator started is served, and no essence of each watched object kept."""
+    the operator started is served, no essence of each watched object kept, and kopf's requests
+    retried for as long as the API server refuses them (`Endless`)."""
     settings = kopf.OperatorSettings()
     settings.persistence.diffbase_storage = NoEssence()
     managed = ",".join(f"{key}={value}" for key, value in CHILD_LABELS.items())
@@ -156,6 +178,7 @@ def operator_settings() -> kopf.OperatorSettings:
     settings.watching.field_selectors[EVENTS] = POD_WARNINGS_ONLY
     settings.posting.level = logging.WARNING
     settings.scanning.disabled = False
+    settings.networking.error_backoffs = Endless(API_RETRY_DELAYS)
     return settings
 
 
@@ -601,7 +624,7 @@ class Reconciler:
                     return
                 self._failed(key, state, failed, logger)
             else:
-                state.failure, state.attempts = None, 0
+                state.failure = None
                 state.cancel_retry()
                 if stamp != state.converged:
                     logger.info(f"generation {stamp[1]} reconciled: {done or 'no change needed'}")
@@ -782,7 +805,13 @@ class Reconciler:
         *,
         observed_generation: int | None = None,
     ) -> None:
-        """Write the status when it differs from the last one written, and announce Ready changes."""
+        """Write the status when it differs from the last one written, and announce Ready changes.
+
+        A write that fails is tried again later, as an apply that fails is, on the same backoff: only a
+        model whose children are applied and whose status is written starts it again from its first
+        delay (otherwise every retry's successful apply did, and an API server that refuses status
+        writes got one a second from each model).
+        """
         previous = state.written if state.written is not None else owner.get("status") or {}
         new_status = self._status(state, owner, key, previous)
         new_status["conditions"] = status.stamp_transitions(
@@ -790,19 +819,21 @@ class Reconciler:
         )
         if observed_generation is not None:
             new_status["observedGeneration"] = observed_generation
-        if all(previous.get(name) == value for name, value in new_status.items()):
-            return
-        try:
-            await self.api.patch_status(owner["apiVersion"], PLURAL, key[0], key[1], new_status)
-        except KubeError as error:
-            if error.status in (404, NOT_SENT):  # the model is gone, or this operator no longer leads
+        if any(previous.get(name) != value for name, value in new_status.items()):
+            try:
+                await self.api.patch_status(owner["apiVersion"], PLURAL, key[0], key[1], new_status)
+            except KubeError as error:
+                if error.status in (404, NOT_SENT):  # the model is gone, or this operator no longer leads
+                    return
+                logger.warning(f"writing the status failed: {error}")
+                if state.retry is None:
+                    delays = self.retry_delays if error.temporary else self.refused_retry_delays
+                    self._schedule_retry(key, state, delays)
                 return
-            logger.warning(f"writing the status failed: {error}")
-            if error.temporary and state.retry is None:
-                self._schedule_retry(key, state, self.retry_delays)
-            return
-        state.written = {**previous, **new_status}
-        self._announce(owner, previous.get("conditions", []), new_status["conditions"])
+            state.written = {**previous, **new_status}
+            self._announce(owner, previous.get("conditions", []), new_status["conditions"])
+        if state.failure is None:
+            state.attempts = 0
 
     @staticmethod
     def _announce(
