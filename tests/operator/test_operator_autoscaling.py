@@ -23,6 +23,7 @@ from emulator import ClusterEmulator
 from kubetriton.operator import autoscaler, naming
 from prometheus_client import CollectorRegistry, generate_latest
 from pytriton.client import ModelClient
+from test_operator_faults import holding
 from test_operator_reconciler import (
     CHILD_APIS,
     MODELS,
@@ -333,6 +334,30 @@ async def test_pods_that_do_not_answer_leave_the_replicas_alone(
         assert silent["targets"] == "queue ?/5ms" and "currentValue" not in silent
         await asyncio.sleep(5 * INTERVAL)
         assert replicas(cluster) == 2 and not events(cluster, autoscaler.SCALED_DOWN)
+
+
+async def test_a_model_whose_apply_hangs_holds_up_no_other_models_scaling(
+    cluster: ClusterEmulator,
+    start_operator: StartOperator,
+    slow_triton: tuple[int, int],  # noqa: F811
+    options: dict[str, Any],
+):
+    """The stuck model's new spec waits for an API server that does not answer, under the model's lock,
+    which its autoscaler step waits for; the other model scales all the same."""
+    await start_operator(request_timeout=600, **options)
+    await create_model(cluster, scaled())
+    await create_model(cluster, scaled("stuck"))
+    await eventually(lambda: replicas(cluster) == replicas(cluster, "stuck") == 1, message="both Deployments")
+    cluster.faults.append(holding("stuck"))
+    try:
+        image = {"spec": {"worker": {"image": "registry.example.com/stuck:2"}}}
+        await patch(cluster, MODELS.format(ns="default") + "/stuck", image)
+        async with replica_sets(cluster), replica_sets(cluster, "stuck", ip=SILENT_IP):
+            with load(slow_triton[0]):
+                await eventually(lambda: replicas(cluster) == 4, timeout=30, message="a scale-up")
+        assert replicas(cluster, "stuck") == 1
+    finally:
+        cluster.faults.clear()
 
 
 async def test_switching_between_the_hpa_and_the_operator(

@@ -481,6 +481,7 @@ class Autoscaler:
         self.scalers: dict[Key, ModelScaler] = {}
         self._session: aiohttp.ClientSession | None = None
         self._reads = asyncio.Semaphore(MAX_READS_IN_FLIGHT)
+        self._steps: dict[Key, asyncio.Task[None]] = {}
 
     async def run(self) -> None:
         """Decide for every scaled model, then wait for the next round; until cancelled."""
@@ -494,17 +495,39 @@ class Autoscaler:
                 await self.round()
                 await asyncio.sleep(max(0.0, self.interval - (self.clock() - started)))
         finally:
+            for step in self._steps.values():
+                step.cancel()
+            await asyncio.gather(*self._steps.values(), return_exceptions=True)
             await self._session.close()
 
     async def round(self) -> None:
-        """One decision for each model the operator scales; forget the others."""
+        """One decision for each model the operator scales, and forget the others; wait for them up to
+        one interval.
+
+        Each model's step is a task of its own, and a model whose last step is still running gets no
+        new one: a step may wait for long (its apply for the API server, up to the request timeout, or
+        for the model's lock, which a slow apply of its spec holds), and it then holds up no other
+        model's decisions."""
         models = self.host.scaled_models()
         wanted = {key for key, _ in models}
         for key in set(self.scalers) - wanted:
             del self.scalers[key]
-        await asyncio.gather(*(self._step(key, model) for key, model in models))
+        self._steps = {key: step for key, step in self._steps.items() if not step.done()}
+        started = []
+        for key, model in models:
+            if key not in self._steps:
+                self._steps[key] = asyncio.create_task(self._step(key, model))
+                started.append(self._steps[key])
+        if started:
+            await asyncio.wait(started, timeout=self.interval)
 
     async def _step(self, key: Key, model: PyTritonModel) -> None:
+        try:
+            await self._decide(key, model)
+        except Exception:  # one model's failure must not stop the others' autoscaling
+            logger.exception(f"[{key[0]}/{key[1]}] autoscaling failed")
+
+    async def _decide(self, key: Key, model: PyTritonModel) -> None:
         autoscaling = model.spec.autoscaling
         assert autoscaling is not None and autoscaling.signal is not None
         first = key not in self.scalers
@@ -527,10 +550,7 @@ class Autoscaler:
         def observe(replicas: int) -> Observation:
             return Observation(replicas, measured.value, measured.pods, len(ready), hold)
 
-        try:
-            await self.host.autoscale(key, scaler, observe)
-        except Exception:  # one model's failure must not stop the others' autoscaling
-            logger.exception(f"[{key[0]}/{key[1]}] autoscaling failed")
+        await self.host.autoscale(key, scaler, observe)
 
     async def _read(
         self, pods: Sequence[PodAddress], signal: str, models: Sequence[str]
