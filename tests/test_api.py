@@ -869,6 +869,36 @@ def test_requests_abandoned_at_the_exit_timeout_are_reported(tmp_path):
     )
 
 
+def test_requests_in_the_callable_when_tritonserver_is_killed_are_reported_as_such(tmp_path):
+    script = tmp_path / "serve.py"
+    script.write_text(SLOW_SCRIPT)
+    ports = free_ports(3)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    process = subprocess.Popen([sys.executable, str(script), *map(str, ports), "30", "8"], **pipes)
+
+    def cut_request() -> None:
+        with contextlib.suppress(Exception):  # its connection closes with Triton
+            infer({"http": f"localhost:{ports[0]}"}, "http", "slow", {"x": np.ones((1, 1), np.float32)})
+
+    request = threading.Thread(target=cut_request)
+    try:
+        assert process.stdout.readline().strip() == "serving"
+        (tritonserver,) = _children(process.pid)
+        request.start()
+        assert process.stdout.readline().strip() == "called"  # in the callable for 8 s
+        os.kill(tritonserver, signal.SIGKILL)
+        returncode = process.wait(timeout=60)
+        stderr = process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        request.join(30)
+    assert returncode != 0 and "tritonserver exited unexpectedly" in stderr
+    assert "1 request(s) were still in the callable when tritonserver exited" in stderr
+    assert "at the end of its exit timeout" not in stderr, "a killed Triton drained nothing"
+
+
 def test_bind_after_tritonserver_died_says_so_and_stops_cleanly():
     http, grpc, metrics = free_ports(3)
     server_id = f"gone-{secrets.token_hex(4)}"

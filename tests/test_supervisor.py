@@ -8,10 +8,12 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kubetriton import podenv
 from kubetriton.health import HealthServer, ProcessesHealth
+from kubetriton.server import remove_abandoned
 from kubetriton.supervisor import (
     RestartPolicy,
     WorkerProcess,
@@ -287,3 +289,22 @@ def test_a_configuration_error_ends_the_run_at_once_with_its_own_status(tmp_path
         assert "starting it again" not in result.stderr, "no restart mends a configuration error"
         assert "Traceback" not in result.stderr
         assert result.stderr.splitlines()[-1].endswith(f"exited with code 65; its last lines: {refusal}")
+
+
+def test_what_a_killed_supervisor_left_goes_with_the_next_local_server(tmp_path) -> None:
+    script = tmp_path / "serve.py"
+    script.write_text(
+        f"import os, time\n\nprint(os.environ['{podenv.ENV_SUPERVISOR}'], flush=True)\ntime.sleep(60)\n"
+    )
+    command = [sys.executable, "-m", "kubetriton.cli", "run", "--processes", "2", str(script)]
+    supervisor = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert supervisor.stdout is not None
+        directory = Path(supervisor.stdout.readline().split()[-1]).parent  # "[0] <directory>/server.sock"
+        remove_abandoned(directory.parent)  # as each local Triton() does as it starts
+        assert directory.is_dir(), "a running supervisor's directory is its own"
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+    remove_abandoned(directory.parent)
+    assert not directory.exists()

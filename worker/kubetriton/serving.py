@@ -50,6 +50,11 @@ LEAVE_DRAIN_S = 30.0
 several) waits for the requests in flight."""
 DRAIN_QUIET_S = 0.5
 DRAIN_POLL_S = 0.1
+SIGNAL_CHECK_S = 0.1
+"""How often serve() looks whether SIGINT or SIGTERM came. Its handler only notes the signal: a handler that
+takes a lock (`Event.set`) waits forever when the signal interrupts the main thread while that thread holds
+the lock, inside `Event.wait` or inside the handler of a signal just before (a held Ctrl-C; a worker process
+whose supervisor was killed with -9 was seen taking three SIGTERMs at once, and serving on)."""
 RELOAD_CHECK_S = 2.0
 """Attach mode: how often the worker checks that Triton still has its models loaded."""
 RELOAD_PAUSE_MAX_S = 60.0
@@ -187,8 +192,13 @@ class Serving:
                 previous[signum] = signal.signal(signum, self._on_stop_signal)
         try:
             self._check_bound()
-            while not self._stop_requested.wait(monitoring_period_s):
-                self._check_triton()
+            next_check = time.monotonic() + monitoring_period_s
+            while not self._signalled and not self._stop_requested.wait(
+                min(SIGNAL_CHECK_S, monitoring_period_s)
+            ):
+                if time.monotonic() >= next_check:
+                    self._check_triton()
+                    next_check = time.monotonic() + monitoring_period_s
         finally:
             try:
                 self.stop()  # with the handlers in place: a second signal cannot cut the drain short
@@ -205,10 +215,10 @@ class Serving:
         """Raise when Triton can no longer serve (serve() checks every monitoring period)."""
 
     def _on_stop_signal(self, *_: object) -> None:
+        """Note the signal, which serve() acts on: see SIGNAL_CHECK_S."""
         if self._signalled:
             LOGGER.warning("Already stopping: in-flight requests are being finished")
         self._signalled = True
-        self._stop_requested.set()
 
     def is_alive(self) -> bool:
         return self._control is not None and not self._stopped and self._control.is_live()

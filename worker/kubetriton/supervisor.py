@@ -49,7 +49,7 @@ from pytriton.settings import DefaultTritonLifecyclePolicy, TritonConfig, Triton
 
 from kubetriton import podenv
 from kubetriton.health import ProcessesHealth
-from kubetriton.server import die_with_parent
+from kubetriton.server import claim, die_with_parent, remove_owned
 from kubetriton.triton_serving import TritonServing, supervisor_stopping_mark
 
 LOGGER = logging.getLogger(__name__)
@@ -235,14 +235,15 @@ class Supervisor:
         self._before_stop = before_stop
         self._after_telling = after_telling
         self._check = check
-        self._stop_requested = threading.Event()
+        self._stop_requested = False
         self._exit_code = 1
         self.stopping = False
         self.failure: str | None = None
         """Why the supervision gave up, once it has."""
 
     def request_stop(self, *_: object) -> None:
-        self._stop_requested.set()
+        """The handler of SIGTERM and SIGINT: it takes no lock, as `serving.SIGNAL_CHECK_S` explains."""
+        self._stop_requested = True
 
     def restarts(self) -> list[int]:
         return [process.restarts for process in self.processes]
@@ -256,8 +257,11 @@ class Supervisor:
             process.start()
         LOGGER.info("Started %d worker processes", len(self.processes))
         failure = None
-        while failure is None and not self._stop_requested.wait(WATCH_INTERVAL_S):
+        while not self._stop_requested:
             failure = self._check() or self._watch()
+            if failure is not None:
+                break
+            time.sleep(WATCH_INTERVAL_S)
         self._stop(failure)
         self.failure = failure
         if failure is None:
@@ -483,8 +487,10 @@ def supervise_pod(argv: Sequence[str], count: int) -> int:
 
 def supervise_locally(argv: Sequence[str], count: int) -> int:
     """Run `count` worker processes of `argv` on this machine, hosting the local tritonserver they share."""
-    with tempfile.TemporaryDirectory(prefix="kubetriton-supervisor-") as directory:
-        host = ServerHost(Path(directory))
+    directory = Path(tempfile.mkdtemp(prefix="kubetriton-supervisor-"))
+    owner = claim(directory)  # what a killed supervisor left goes with the next local `Triton()`
+    try:
+        host = ServerHost(directory)
         supervisor = Supervisor(
             argv,
             count,
@@ -496,6 +502,9 @@ def supervise_locally(argv: Sequence[str], count: int) -> int:
             check=host.failure,
         )
         return supervisor.run()
+    finally:
+        remove_owned(directory)
+        os.close(owner)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

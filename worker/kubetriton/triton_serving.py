@@ -250,22 +250,27 @@ class TritonServing(Serving):
             os.close(lock)
             self._publication = None
         if self._server is not None:
+            when = (
+                "when Triton stopped at the end of its exit timeout (TritonConfig(exit_timeout_secs=...) "
+                "waits longer)"
+                if self._server.is_running()
+                else "when tritonserver exited"  # killed, say: it drained nothing
+            )
             # After an unrecoverable error the model cannot answer: Triton need not keep its clients'
             # connections open for its exit timeout.
             self._server.stop(None if self._fatal is None else UNRECOVERABLE_STOP_S)
-            self._report_abandoned(
-                "when Triton stopped at the end of its exit timeout (TritonConfig(exit_timeout_secs=...)"
-                " waits longer)"
-            )
+            self._report_abandoned(when)
             if self._config.model_repository is not None:  # the user's: it keeps its own models only
                 for name in self._workers:
                     shutil.rmtree(self._model_repository / name, ignore_errors=True)
         elif self._pod is not None:
             self._drain()
         elif supervisor_stops(self._supervisor):  # with every process; the supervisor stops Triton next
-            budget_s = self._exit_timeout_s() + SIDECAR_UNLOAD_S
-            self._wait_until_detached(time.monotonic() + budget_s)
-            self._report_abandoned(f"when this process stopped, {budget_s:g} s after it was told to")
+            told = time.monotonic()
+            self._wait_until_detached(told + self._exit_timeout_s() + SIDECAR_UNLOAD_S)
+            self._report_abandoned(
+                f"when this process stopped, {time.monotonic() - told:.0f} s after it was told to"
+            )
         else:  # alone (killed, an unrecoverable error, the script's own stop): Triton serves the others on
             self._wait_until_idle(LEAVE_DRAIN_S)
             self._report_abandoned(f"after {LEAVE_DRAIN_S:g} s of drain, as this process stops")
