@@ -1,9 +1,12 @@
-"""SIGINT and SIGTERM handlers that cannot wait forever: a signal may interrupt the main thread anywhere,
-inside the handler of the one before it too (a supervisor killed with -9, a held Ctrl-C), so a handler that
-takes a lock the interrupted code holds never returns.
+"""Stopping, which must not wait without end.
 
-Each script makes that certain: once armed, the first `Condition.notify_all` on the main thread (which
-`Event.set` calls holding the event's lock) sends the process one more signal at that very point.
+SIGINT and SIGTERM handlers: a signal may interrupt the main thread anywhere, inside the handler of the one
+before it too (a supervisor killed with -9, a held Ctrl-C), so a handler that takes a lock the interrupted
+code holds never returns. Each script makes that certain: once armed, the first `Condition.notify_all` on
+the main thread (which `Event.set` calls holding the event's lock) sends the process one more signal at
+that very point.
+
+Instances whose callable hangs: the stop waits for them a while, once for all of them.
 """
 
 from __future__ import annotations
@@ -11,7 +14,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+
+from kubetriton.worker import join_within
 
 from tests.conftest import free_ports
 
@@ -114,3 +121,16 @@ def test_a_signal_while_the_supervisor_is_setting_its_stop_still_stops_it(tmp_pa
     code, output = _run_and_signal(script, [], "Started 1 worker processes", signal.SIGINT)
     assert code == 0, f"the supervisor did not stop:\n{output}"
     assert "Stopping 1 worker processes" in output
+
+
+def test_instances_in_a_callable_that_hangs_are_waited_for_together() -> None:
+    """Three instance threads that do not end: stopping waits the timeout once, not once for each."""
+    hung = threading.Event()
+    threads = [threading.Thread(target=hung.wait, daemon=True) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    started = time.monotonic()
+    join_within([*threads, threading.Thread()], 1.0)  # one never started: nothing to wait for
+    waited = time.monotonic() - started
+    hung.set()
+    assert 0.9 <= waited < 2.0, f"waited {waited:.1f} s"

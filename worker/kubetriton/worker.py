@@ -785,6 +785,15 @@ def _items(result: Any) -> Iterator[Any]:
         yield result
 
 
+def join_within(threads: Sequence[threading.Thread], timeout_s: float) -> None:
+    """Wait until the started `threads` end, `timeout_s` at most for all of them together: a thread in a
+    callable that hangs ends when it returns, if ever, and each such thread must not add its own wait."""
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        if thread.is_alive():
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
 class ModelWorker:
     """The instance servers of one bound model in this process: one per callable, numbered from
     `first_instance` (the model's other instances may be served by other worker processes)."""
@@ -831,6 +840,4 @@ class ModelWorker:
     def stop(self, timeout_s: float = 5.0) -> None:
         for instance in self.instances:
             instance.stop()
-        for instance in self.instances:
-            if instance.is_alive():
-                instance.join(timeout_s)
+        join_within(self.instances, timeout_s)
