@@ -400,6 +400,8 @@ class ModelState:
     retry: asyncio.TimerHandle | None = None
     written: dict[str, Any] | None = None
     """The status last written, so that an unchanged one is not written again."""
+    status_failure: str | None = None
+    """Why the last status write failed, until one succeeds: said once, not at every retry."""
     applied_deployment: dict[str, Any] | None = None
     """The Deployment as the operator's last apply returned it, until the index has caught up."""
     template_generation: int | None = None
@@ -825,11 +827,16 @@ class Reconciler:
             except KubeError as error:
                 if error.status in (404, NOT_SENT):  # the model is gone, or this operator no longer leads
                     return
-                logger.warning(f"writing the status failed: {error}")
+                if state.status_failure != str(error):
+                    logger.warning(f"writing the status failed: {error}; retrying")
+                state.status_failure = str(error)
                 if state.retry is None:
                     delays = self.retry_delays if error.temporary else self.refused_retry_delays
                     self._schedule_retry(key, state, delays)
                 return
+            if state.status_failure is not None:
+                logger.info("the status is written again")
+                state.status_failure = None
             state.written = {**previous, **new_status}
             self._announce(owner, previous.get("conditions", []), new_status["conditions"])
         if state.failure is None:
