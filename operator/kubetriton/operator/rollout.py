@@ -160,9 +160,9 @@ def error_output(pods: list[dict[str, Any]], message: str) -> list[str]:
     first. Empty when no container of it has exited with a message, or when the kubelet evicted the pod
     (what its containers said as they were killed tells nothing of why: the message does)."""
     for pod in _named(pods, message):
-        found = pod.get("status") or {}
-        if found.get("reason") == status.EVICTED:
+        if status.evicted(pod):
             continue
+        found = pod.get("status") or {}
         containers = [*(found.get("containerStatuses") or []), *(found.get("initContainerStatuses") or [])]
         for container in containers:
             for state in (container.get("state") or {}, container.get("lastState") or {}):

@@ -483,7 +483,8 @@ def _template(pod: Mapping[str, Any]) -> str | None:
     return ((pod.get("metadata") or {}).get("labels") or {}).get(TEMPLATE_HASH_LABEL)
 
 
-def _evicted(pod: Mapping[str, Any]) -> bool:
+def evicted(pod: Mapping[str, Any]) -> bool:
+    """Whether the kubelet evicted the pod."""
     return (pod.get("status") or {}).get("reason") == EVICTED
 
 
@@ -508,9 +509,9 @@ def _current_evictions(
         return []
     template = _template(max(pods, key=_created))
     current = [pod for pod in pods if _template(pod) == template]
-    evicted = [pod for pod in current if _evicted(pod)]
+    gone = [pod for pod in current if evicted(pod)]
     newest_ready = max((_created(pod) for pod in current if pod_condition(pod, "Ready")), default="")
-    return [(_created(pod), _eviction(pod, len(evicted))) for pod in evicted if _created(pod) >= newest_ready]
+    return [(_created(pod), _eviction(pod, len(gone))) for pod in gone if _created(pod) >= newest_ready]
 
 
 def _deployment_problem(deployment: Mapping[str, Any]) -> Diagnosis | None:
@@ -535,7 +536,7 @@ def diagnose(
     pods = list(pods)
     found = _current_evictions(deployment, pods)
     for pod in pods:
-        if _evicted(pod):
+        if evicted(pod):
             continue
         name = pod["metadata"]["name"]
         problem = diagnose_pod(pod, gpu_resource, (warnings or {}).get(name, ()), startup_seconds)
