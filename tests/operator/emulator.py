@@ -331,7 +331,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     """Plural name → a check of the written object that returns why it is refused (a message for a
     422, as from an admission webhook, or the status and message), or None to accept it."""
     held: set[str] = attrs.field(factory=set)
-    """Plural names whose writes get no answer while they are here."""
+    """Plural names, or `plural/name` for one object, whose writes get no answer while they are here."""
     request_counts: collections.Counter[str] = attrs.field(factory=collections.Counter)
     """Requests by method and resource, such as "PATCH deployments" or "GET pods watch"."""
     faults: list[Fault] = attrs.field(factory=list)
@@ -397,7 +397,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 )
             writes = (enums.action.CREATE, enums.action.UPDATE)
             if request.action in writes and request.subresource is None:
-                while resource.plural in self.held:
+                while self.held & {resource.plural, f"{resource.plural}/{request.name}"}:
                     await asyncio.sleep(0.05)
                 check = self.rejections.get(resource.plural)
                 refusal = check(request.data) if check is not None else None

@@ -23,7 +23,6 @@ from emulator import ClusterEmulator
 from kubetriton.operator import autoscaler, naming
 from prometheus_client import CollectorRegistry, generate_latest
 from pytriton.client import ModelClient
-from test_operator_faults import holding
 from test_operator_reconciler import (
     CHILD_APIS,
     MODELS,
@@ -348,7 +347,7 @@ async def test_a_model_whose_apply_hangs_holds_up_no_other_models_scaling(
     await create_model(cluster, scaled())
     await create_model(cluster, scaled("stuck"))
     await eventually(lambda: replicas(cluster) == replicas(cluster, "stuck") == 1, message="both Deployments")
-    cluster.faults.append(holding("stuck"))
+    cluster.held.add("deployments/stuck")
     try:
         image = {"spec": {"worker": {"image": "registry.example.com/stuck:2"}}}
         await patch(cluster, MODELS.format(ns="default") + "/stuck", image)
@@ -357,7 +356,7 @@ async def test_a_model_whose_apply_hangs_holds_up_no_other_models_scaling(
                 await eventually(lambda: replicas(cluster) == 4, timeout=30, message="a scale-up")
         assert replicas(cluster, "stuck") == 1
     finally:
-        cluster.faults.clear()
+        cluster.held.clear()
 
 
 async def test_switching_between_the_hpa_and_the_operator(

@@ -62,17 +62,6 @@ def failing(
     return fault
 
 
-def holding(name: str) -> Fault:
-    """The operator's writes to any object called `name` get no answer."""
-
-    async def fault(request: rendering.Request) -> None:
-        writes = (enums.action.CREATE, enums.action.UPDATE)
-        if from_operator(request) and request.action in writes and request.name == name:
-            await asyncio.Event().wait()
-
-    return fault
-
-
 class Quicker:
     """kopf's backoffs as the operator sets them, a hundred times shorter."""
 
@@ -201,7 +190,7 @@ async def test_a_model_whose_writes_hang_holds_up_no_other(
     cluster: ClusterEmulator, start_operator: StartOperator
 ):
     await start_operator()
-    cluster.faults.append(holding("stuck"))
+    cluster.held.add("deployments/stuck")
     await create_model(cluster, model_document("stuck"))
     await eventually(lambda: cluster.request_counts["PATCH deployments"], message="the stuck model's apply")
     await create_model(cluster, model_document("other"))
@@ -209,7 +198,7 @@ async def test_a_model_whose_writes_hang_holds_up_no_other(
         lambda: stored(cluster, CHILD_APIS["Service"], "other"), timeout=5, message="the other's"
     )
     await eventually(lambda: status_of(cluster, "other").get("observedGeneration") == 1, timeout=5)
-    cluster.faults.clear()
+    cluster.held.clear()
 
 
 @pytest.mark.xfail(
